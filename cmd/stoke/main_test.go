@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+const stories = "../../../shared/models/stories260K"
+
+// stoke runs the CLI in-process and returns its standard output.
+func stoke(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := newRootCmd()
+	cmd.SetArgs(args)
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestGenerateMatchesGolden(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(stories, "golden.json"))
+	if os.IsNotExist(err) {
+		t.Skipf("test model absent: %s", stories)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct {
+		Cases []struct {
+			Name       string  `json:"name"`
+			PromptIDs  []int32 `json:"prompt_ids"`
+			Completion []int32 `json:"greedy_completion_ids"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(raw, &g); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range g.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			ids := make([]string, len(c.PromptIDs))
+			for i, id := range c.PromptIDs {
+				ids[i] = strconv.Itoa(int(id))
+			}
+			out, err := stoke(t, "generate", "--model", stories, "--prompt-ids", strings.Join(ids, ","),
+				"--max-tokens", strconv.Itoa(len(c.Completion)), "--temperature", "0", "--ignore-eos", "--json")
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			var res generateOutput
+			if err := json.Unmarshal([]byte(out), &res); err != nil {
+				t.Fatalf("output is not one JSON object: %v\n%s", err, out)
+			}
+			if !slices.Equal(res.IDs, c.Completion) {
+				t.Fatalf("ids %v\nwant %v", res.IDs, c.Completion)
+			}
+			if !slices.Equal(res.PromptIDs, c.PromptIDs) || res.TokensPerSecond <= 0 {
+				t.Fatalf("prompt_ids %v, tokens_per_second %v", res.PromptIDs, res.TokensPerSecond)
+			}
+		})
+	}
+}
+
+func TestSynthQuantizeGenerate(t *testing.T) {
+	dir := t.TempDir()
+	f32, fp8 := filepath.Join(dir, "f32"), filepath.Join(dir, "fp8")
+	if out, err := stoke(t, "model", "synth", "--preset", "tiny", "--out", f32, "--seed", "5", "--shard-size", "64KiB"); err != nil {
+		t.Fatalf("synth: %v\n%s", err, out)
+	}
+	if out, err := stoke(t, "model", "quantize", "--in", f32, "--out", fp8, "--shard-size", "0"); err != nil {
+		t.Fatalf("quantize: %v\n%s", err, out)
+	}
+	for _, m := range []string{f32, fp8} {
+		out, err := stoke(t, "generate", "--model", m, "--prompt", "Once upon a time", "--max-tokens", "12",
+			"--temperature", "0.8", "--seed", "3", "--ignore-eos", "--json")
+		if err != nil {
+			t.Fatalf("generate on %s: %v\n%s", m, err, out)
+		}
+		var res generateOutput
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatal(err)
+		}
+		if len(res.IDs) != 12 || len(res.PromptIDs) < 2 || !utf8.ValidString(res.Text) {
+			t.Fatalf("generate on %s: %+v", m, res)
+		}
+	}
+}
+
+func TestCLIErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no prompt", []string{"generate", "--model", stories}, "exactly one of --prompt and --prompt-ids"},
+		{"bad ids", []string{"generate", "--model", stories, "--prompt-ids", "1,x"}, `"x" is not a token id`},
+		{"text without tokenizer", []string{"generate", "--model", stories, "--prompt", "hi"}, "has no tokenizer.json"},
+		{"id outside vocab", []string{"generate", "--model", stories, "--prompt-ids", "1,600"}, "token 600 is outside the vocabulary"},
+		{"missing model", []string{"generate", "--model", filepath.Join(dir, "nope"), "--prompt-ids", "1"}, "nope"},
+		{"too long", []string{"generate", "--model", stories, "--prompt-ids", "1", "--max-tokens", "600"}, "exceeds the context of 512"},
+		{"bad preset", []string{"model", "synth", "--preset", "huge", "--out", filepath.Join(dir, "m")}, `unknown preset "huge"`},
+		{"bad dtype", []string{"model", "synth", "--dtype", "int4", "--out", filepath.Join(dir, "m")}, `unknown dtype "int4"`},
+		{"bad shard size", []string{"model", "quantize", "--in", stories, "--out", filepath.Join(dir, "q"), "--shard-size", "lots"}, "--shard-size"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if strings.Contains(strings.Join(tc.args, " "), stories) {
+				if _, err := os.Stat(stories); err != nil {
+					t.Skip("test model absent")
+				}
+			}
+			_, err := stoke(t, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("error %q, want one line containing %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,124 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// benchShapes are decode (n=1, memory bound) and prefill (n=64, compute
+// bound) products of Llama-sized layers, plus the tiny stories260K layer
+// that measures per-call overhead.
+var benchShapes = []struct {
+	name          string
+	n, rows, cols int
+	naive         bool // also time MatMulNaive (skipped where it takes seconds)
+}{
+	{name: "gemv/n=1/64x172", n: 1, rows: 64, cols: 172, naive: true},
+	{name: "gemv/n=1/768x2048", n: 1, rows: 768, cols: 2048, naive: true},
+	{name: "gemv/n=1/4096x4096", n: 1, rows: 4096, cols: 4096, naive: true},
+	{name: "gemv/n=1/14336x4096", n: 1, rows: 14336, cols: 4096},
+	{name: "gemm/n=64/1024x1024", n: 64, rows: 1024, cols: 1024, naive: true},
+	{name: "gemm/n=64/4096x4096", n: 64, rows: 4096, cols: 4096},
+}
+
+var benchKinds = []weightKind{
+	{name: "f32", dt: weightKinds[0].dt},
+	{name: "bf16", dt: weightKinds[1].dt},
+	{name: "fp8", dt: weightKinds[4].dt, scales: "block", blockRow: 128, blockCol: 128},
+}
+
+// reportMatMul sets the metrics every MatMul benchmark reports: GFLOP/s
+// (2 flops per multiply-add) and GB/s of weight bytes streamed.
+func reportMatMul(b *testing.B, n int, w *Matrix) {
+	ns := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	b.ReportMetric(2*float64(n)*float64(w.Rows)*float64(w.Cols)/ns, "GFLOP/s")
+	b.ReportMetric(float64(w.WeightBytes())/ns, "GB/s")
+}
+
+// BenchmarkMatMul times Pool.MatMul for each weight dtype and shape at 1
+// and 2 threads, and MatMulNaive on the same inputs as the baseline.
+// SetBytes is the weight bytes, so MB/s is the weight streaming rate.
+func BenchmarkMatMul(b *testing.B) {
+	for _, k := range benchKinds {
+		for _, s := range benchShapes {
+			rng := rand.New(rand.NewPCG(1, 2))
+			w := newMatrix(rng, k, s.rows, s.cols)
+			x := randomVector(rng, s.n*s.cols)
+			out := make([]float32, s.n*s.rows)
+			for _, threads := range []int{1, 2} {
+				b.Run(fmt.Sprintf("%s/%s/threads=%d", k.name, s.name, threads), func(b *testing.B) {
+					p := NewPool(threads)
+					defer p.Close()
+					b.SetBytes(w.WeightBytes())
+					for b.Loop() {
+						p.MatMul(out, x, s.n, w)
+					}
+					reportMatMul(b, s.n, w)
+				})
+			}
+			if s.naive {
+				b.Run(fmt.Sprintf("%s/%s/naive", k.name, s.name), func(b *testing.B) {
+					b.SetBytes(w.WeightBytes())
+					for b.Loop() {
+						MatMulNaive(out, x, s.n, w)
+					}
+					reportMatMul(b, s.n, w)
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkMemoryBandwidth measures streaming read bandwidth: each thread
+// reads its share of a 256 MiB buffer (far beyond the caches) once through
+// the vector Dot kernel, its first half against its second half. Decode's
+// GB/s in BenchmarkMatMul is bounded by this.
+func BenchmarkMemoryBandwidth(b *testing.B) {
+	buf := make([]float32, 64<<20) // 256 MiB
+	for i := range buf {
+		buf[i] = float32(i & 7)
+	}
+	for _, threads := range []int{1, 2} {
+		b.Run(fmt.Sprintf("threads=%d", threads), func(b *testing.B) {
+			p := NewPool(threads)
+			defer p.Close()
+			sums := make([]float32, threads)
+			b.SetBytes(int64(len(buf)) * 4)
+			for b.Loop() {
+				p.Parallel(len(buf), 1<<16, func(lo, hi int) {
+					mid := (lo + hi) / 2
+					sums[lo*threads/len(buf)] = Dot(buf[lo:mid], buf[mid:mid+(mid-lo)])
+				})
+			}
+			ns := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+			b.ReportMetric(float64(len(buf))*4/ns, "GB/s")
+		})
+	}
+}
+
+// BenchmarkVector times the vector helpers on a 4096-element row.
+func BenchmarkVector(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 3))
+	x, y := randomVector(rng, 4096), randomVector(rng, 4096)
+	var sink float32
+	b.Run("Dot", func(b *testing.B) {
+		b.SetBytes(2 * 4 * 4096)
+		for b.Loop() {
+			sink += Dot(x, y)
+		}
+	})
+	b.Run("AXPY", func(b *testing.B) {
+		b.SetBytes(3 * 4 * 4096)
+		for b.Loop() {
+			AXPY(y, 1e-9, x)
+		}
+	})
+	b.Run("Scale", func(b *testing.B) {
+		b.SetBytes(2 * 4 * 4096)
+		for b.Loop() {
+			Scale(y, 1)
+		}
+	})
+	_ = sink
+}

@@ -1,0 +1,136 @@
+//go:build amd64 && !purego
+
+package kernels
+
+import "golang.org/x/sys/cpu"
+
+// asmKernels is the AVX-512 kernel set, or nil when the CPU lacks any of
+// the extensions it uses (F, BW, VL, DQ).
+var asmKernels = func() *kernelSet {
+	x := cpu.X86
+	if !(x.HasAVX512F && x.HasAVX512BW && x.HasAVX512VL && x.HasAVX512DQ && x.HasFMA) {
+		return nil
+	}
+	return &kernelSet{
+		name:       "avx512",
+		f32Dot4x4:  f32Dot4x4Asm,
+		f32Dot1x4:  f32Dot1x4Asm,
+		dot:        dotAsm,
+		bf16Dot1x4: bf16Dot1x4Asm,
+		bf16Dot:    bf16DotAsm,
+		fp8Dot1x4:  fp8Dot1x4Asm,
+		fp8Dot:     fp8DotAsm,
+		bf16ToF32:  bf16ToF32Asm,
+		fp8ToF32:   fp8ToF32Asm,
+		axpy:       axpyAsm,
+		scale:      scaleAsm,
+	}
+}()
+
+// best is the fastest kernel set this build and CPU support.
+var best = func() *kernelSet {
+	if asmKernels != nil {
+		return asmKernels
+	}
+	return &genericKernels
+}()
+
+// The wrappers below check, with one bounds check each, that the last
+// element the assembly touches is inside the slices, so a driver bug panics
+// instead of corrupting memory. k >= 1 always.
+
+func f32Dot4x4Asm(x []float32, xs int, w []float32, ws, k int, out []float32, os int) {
+	_, _, _ = x[3*xs+k-1], w[3*ws+k-1], out[3*os+3]
+	f32Dot4x4AVX512(&x[0], xs, &w[0], ws, k, &out[0], os)
+}
+
+func f32Dot1x4Asm(x, w []float32, ws, k int, out []float32) {
+	_, _, _ = x[k-1], w[3*ws+k-1], out[3]
+	f32Dot1x4AVX512(&x[0], &w[0], ws, k, &out[0])
+}
+
+func dotAsm(a, b []float32) float32 {
+	_ = b[len(a)-1]
+	return dotAVX512(&a[0], &b[0], len(a))
+}
+
+func bf16Dot1x4Asm(x []float32, w []uint16, ws, k int, out []float32) {
+	_, _, _ = x[k-1], w[3*ws+k-1], out[3]
+	bf16Dot1x4AVX512(&x[0], &w[0], ws, k, &out[0])
+}
+
+func bf16DotAsm(x []float32, w []uint16) float32 {
+	_ = w[len(x)-1]
+	return bf16DotAVX512(&x[0], &w[0], len(x))
+}
+
+func fp8Dot1x4Asm(x []float32, w []uint8, ws, k int, out []float32) {
+	_, _, _ = x[k-1], w[3*ws+k-1], out[3]
+	fp8Dot1x4AVX512(&x[0], &w[0], ws, k, &out[0])
+}
+
+func fp8DotAsm(x []float32, w []uint8) float32 {
+	_ = w[len(x)-1]
+	return fp8DotAVX512(&x[0], &w[0], len(x))
+}
+
+func bf16ToF32Asm(dst []float32, src []uint16) {
+	if len(src) == 0 {
+		return
+	}
+	_ = dst[len(src)-1]
+	bf16ToF32AVX512(&dst[0], &src[0], len(src))
+}
+
+func fp8ToF32Asm(dst []float32, src []uint8, mul float32) {
+	if len(src) == 0 {
+		return
+	}
+	_ = dst[len(src)-1]
+	fp8ToF32AVX512(&dst[0], &src[0], len(src), mul)
+}
+
+func axpyAsm(y []float32, alpha float32, x []float32) {
+	_ = x[len(y)-1]
+	axpyAVX512(&y[0], alpha, &x[0], len(y))
+}
+
+func scaleAsm(y []float32, alpha float32) {
+	scaleAVX512(&y[0], alpha, len(y))
+}
+
+// Implemented in kernels_amd64.s. Pointers are to the first element; strides
+// and lengths are in elements.
+
+//go:noescape
+func f32Dot4x4AVX512(x *float32, xs int, w *float32, ws int, k int, out *float32, os int)
+
+//go:noescape
+func f32Dot1x4AVX512(x *float32, w *float32, ws int, k int, out *float32)
+
+//go:noescape
+func dotAVX512(a *float32, b *float32, n int) float32
+
+//go:noescape
+func bf16Dot1x4AVX512(x *float32, w *uint16, ws int, k int, out *float32)
+
+//go:noescape
+func bf16DotAVX512(x *float32, w *uint16, n int) float32
+
+//go:noescape
+func fp8Dot1x4AVX512(x *float32, w *uint8, ws int, k int, out *float32)
+
+//go:noescape
+func fp8DotAVX512(x *float32, w *uint8, n int) float32
+
+//go:noescape
+func bf16ToF32AVX512(dst *float32, src *uint16, n int)
+
+//go:noescape
+func fp8ToF32AVX512(dst *float32, src *uint8, n int, mul float32)
+
+//go:noescape
+func axpyAVX512(y *float32, alpha float32, x *float32, n int)
+
+//go:noescape
+func scaleAVX512(y *float32, alpha float32, n int)

@@ -1,0 +1,688 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// AVX-512 kernels. Vectors are 16 float32 in a zmm register. Every loop
+// runs over whole vectors, then handles the last k%16 columns with masked
+// loads (K1), which neither fault nor read past the slices.
+//
+// BF16 -> F32: zero-extend each u16 to u32 and shift left 16.
+// FP8 E4M3FN -> F32: sign-extend each byte to a word, shift left 7 and keep
+// the bits 0xBF80. That yields the IEEE half whose value is fp8/256 exactly
+// (sign in bit 15, the 4 exponent and 3 mantissa bits under a half's bias
+// of 15 instead of 7, subnormals included); VCVTPH2PS widens it to F32. The
+// callers multiply by 256. The NaN codes 0x7F/0xFF decode as ±480.
+
+// TAILMASK sets K1 to the low CX bits (1 <= CX <= 15). Clobbers AX.
+#define TAILMASK \
+	MOVL  $1, AX; \
+	SHLL  CX, AX; \
+	DECL  AX; \
+	KMOVW AX, K1
+
+// REDUCE4 sums each of the zmm accumulators za..zd across its 16 lanes and
+// leaves the four sums in lanes 0..3 of xa (the low part of za). ya..yd
+// name the same registers as za..zd. Clobbers Y16-Y19.
+#define REDUCE4(za, zb, zc, zd, ya, yb, yc, yd, xa) \
+	VEXTRACTF64X4 $1, za, Y16; \
+	VEXTRACTF64X4 $1, zb, Y17; \
+	VEXTRACTF64X4 $1, zc, Y18; \
+	VEXTRACTF64X4 $1, zd, Y19; \
+	VADDPS        Y16, ya, ya; \
+	VADDPS        Y17, yb, yb; \
+	VADDPS        Y18, yc, yc; \
+	VADDPS        Y19, yd, yd; \
+	VHADDPS       yb, ya, ya; \
+	VHADDPS       yd, yc, yc; \
+	VHADDPS       yc, ya, ya; \
+	VEXTRACTF32X4 $1, ya, X16; \
+	VADDPS        X16, xa, xa
+
+// REDUCE1 sums the 16 lanes of Z0 into lane 0 of X0. Clobbers Y1.
+#define REDUCE1 \
+	VEXTRACTF64X4 $1, Z0, Y1; \
+	VADDPS        Y1, Y0, Y0; \
+	VEXTRACTF128  $1, Y0, X1; \
+	VADDPS        X1, X0, X0; \
+	VHADDPS       X0, X0, X0; \
+	VHADDPS       X0, X0, X0
+
+// BF16 loads 16 bf16 weights from mem and widens them into zmm z.
+#define BF16(mem, z) \
+	VPMOVZXWD mem, z; \
+	VPSLLD    $16, z, z
+
+// FP8 loads 16 fp8 weights from mem and decodes them (at 1/256 of their
+// value) into zmm z, using ymm y (the low part of z) on the way. Needs the
+// word mask 0xBF80 in Y31.
+#define FP8(mem, y, z) \
+	VPMOVSXBW mem, y; \
+	VPSLLW    $7, y, y; \
+	VPANDD    Y31, y, y; \
+	VCVTPH2PS y, z
+
+// FP8MASK puts the FP8 decoding mask in every word of Y31. Clobbers AX.
+#define FP8MASK \
+	MOVL         $0xBF80, AX; \
+	VPBROADCASTW AX, Y31
+
+#define ZERO16 \
+	VPXORD Z0, Z0, Z0; VPXORD Z1, Z1, Z1; VPXORD Z2, Z2, Z2; VPXORD Z3, Z3, Z3; \
+	VPXORD Z4, Z4, Z4; VPXORD Z5, Z5, Z5; VPXORD Z6, Z6, Z6; VPXORD Z7, Z7, Z7; \
+	VPXORD Z8, Z8, Z8; VPXORD Z9, Z9, Z9; VPXORD Z10, Z10, Z10; VPXORD Z11, Z11, Z11; \
+	VPXORD Z12, Z12, Z12; VPXORD Z13, Z13, Z13; VPXORD Z14, Z14, Z14; VPXORD Z15, Z15, Z15
+
+// F44FMA multiplies x rows Z16-Z19 by W rows Z20-Z23 into the 16
+// accumulators: Z(4t+r) += x_t * w_r.
+#define F44FMA \
+	VFMADD231PS Z20, Z16, Z0; VFMADD231PS Z20, Z17, Z4; VFMADD231PS Z20, Z18, Z8; VFMADD231PS Z20, Z19, Z12; \
+	VFMADD231PS Z21, Z16, Z1; VFMADD231PS Z21, Z17, Z5; VFMADD231PS Z21, Z18, Z9; VFMADD231PS Z21, Z19, Z13; \
+	VFMADD231PS Z22, Z16, Z2; VFMADD231PS Z22, Z17, Z6; VFMADD231PS Z22, Z18, Z10; VFMADD231PS Z22, Z19, Z14; \
+	VFMADD231PS Z23, Z16, Z3; VFMADD231PS Z23, Z17, Z7; VFMADD231PS Z23, Z18, Z11; VFMADD231PS Z23, Z19, Z15
+
+// func f32Dot4x4AVX512(x *float32, xs int, w *float32, ws int, k int, out *float32, os int)
+// out[t*os+r] += Σ_j x[t*xs+j] * w[r*ws+j] for t, r < 4.
+TEXT ·f32Dot4x4AVX512(SB), NOSPLIT, $0-56
+	MOVQ x+0(FP), SI
+	MOVQ xs+8(FP), BX
+	MOVQ w+16(FP), DI
+	MOVQ ws+24(FP), DX
+	MOVQ k+32(FP), CX
+	SHLQ $2, BX
+	SHLQ $2, DX
+	LEAQ (SI)(BX*1), R9   // x rows: SI, R9, R10, R11
+	LEAQ (SI)(BX*2), R10
+	LEAQ (R9)(BX*2), R11
+	LEAQ (DI)(DX*1), R12  // w rows: DI, R12, R13, R8
+	LEAQ (DI)(DX*2), R13
+	LEAQ (R12)(DX*2), R8
+	ZERO16
+	XORQ BX, BX           // byte offset into every row
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	SHLQ $2, AX           // bytes of whole vectors
+	JZ   f44tail
+
+f44loop:
+	VMOVUPS (SI)(BX*1), Z16
+	VMOVUPS (R9)(BX*1), Z17
+	VMOVUPS (R10)(BX*1), Z18
+	VMOVUPS (R11)(BX*1), Z19
+	VMOVUPS (DI)(BX*1), Z20
+	VMOVUPS (R12)(BX*1), Z21
+	VMOVUPS (R13)(BX*1), Z22
+	VMOVUPS (R8)(BX*1), Z23
+	F44FMA
+	ADDQ    $64, BX
+	CMPQ    BX, AX
+	JB      f44loop
+
+f44tail:
+	ANDQ $15, CX
+	JZ   f44reduce
+	TAILMASK
+	VMOVUPS.Z (SI)(BX*1), K1, Z16
+	VMOVUPS.Z (R9)(BX*1), K1, Z17
+	VMOVUPS.Z (R10)(BX*1), K1, Z18
+	VMOVUPS.Z (R11)(BX*1), K1, Z19
+	VMOVUPS.Z (DI)(BX*1), K1, Z20
+	VMOVUPS.Z (R12)(BX*1), K1, Z21
+	VMOVUPS.Z (R13)(BX*1), K1, Z22
+	VMOVUPS.Z (R8)(BX*1), K1, Z23
+	F44FMA
+
+f44reduce:
+	MOVQ out+40(FP), DI
+	MOVQ os+48(FP), DX
+	SHLQ $2, DX
+	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0)
+	VADDPS  (DI), X0, X0
+	VMOVUPS X0, (DI)
+	ADDQ    DX, DI
+	REDUCE4(Z4, Z5, Z6, Z7, Y4, Y5, Y6, Y7, X4)
+	VADDPS  (DI), X4, X4
+	VMOVUPS X4, (DI)
+	ADDQ    DX, DI
+	REDUCE4(Z8, Z9, Z10, Z11, Y8, Y9, Y10, Y11, X8)
+	VADDPS  (DI), X8, X8
+	VMOVUPS X8, (DI)
+	ADDQ    DX, DI
+	REDUCE4(Z12, Z13, Z14, Z15, Y12, Y13, Y14, Y15, X12)
+	VADDPS  (DI), X12, X12
+	VMOVUPS X12, (DI)
+	VZEROUPPER
+	RET
+
+// func f32Dot1x4AVX512(x *float32, w *float32, ws int, k int, out *float32)
+// out[r] += Σ_j x[j] * w[r*ws+j] for r < 4. Two sets of accumulators
+// (Z0-Z3, Z4-Z7) over 32 columns per iteration.
+TEXT ·f32Dot1x4AVX512(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ ws+16(FP), DX
+	MOVQ k+24(FP), CX
+	SHLQ $2, DX
+	LEAQ (DI)(DX*1), R9   // w rows: DI, R9, R10, R11
+	LEAQ (DI)(DX*2), R10
+	LEAQ (R9)(DX*2), R11
+	VPXORD Z0, Z0, Z0; VPXORD Z1, Z1, Z1; VPXORD Z2, Z2, Z2; VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4; VPXORD Z5, Z5, Z5; VPXORD Z6, Z6, Z6; VPXORD Z7, Z7, Z7
+	XORQ BX, BX           // column index
+	MOVQ CX, AX
+	ANDQ $-32, AX
+	JZ   f14one
+
+f14loop:
+	VMOVUPS     (SI)(BX*4), Z16
+	VMOVUPS     64(SI)(BX*4), Z17
+	VFMADD231PS (DI)(BX*4), Z16, Z0
+	VFMADD231PS (R9)(BX*4), Z16, Z1
+	VFMADD231PS (R10)(BX*4), Z16, Z2
+	VFMADD231PS (R11)(BX*4), Z16, Z3
+	VFMADD231PS 64(DI)(BX*4), Z17, Z4
+	VFMADD231PS 64(R9)(BX*4), Z17, Z5
+	VFMADD231PS 64(R10)(BX*4), Z17, Z6
+	VFMADD231PS 64(R11)(BX*4), Z17, Z7
+	ADDQ        $32, BX
+	CMPQ        BX, AX
+	JB          f14loop
+
+f14one:
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	CMPQ BX, AX
+	JAE  f14tail
+	VMOVUPS     (SI)(BX*4), Z16
+	VFMADD231PS (DI)(BX*4), Z16, Z0
+	VFMADD231PS (R9)(BX*4), Z16, Z1
+	VFMADD231PS (R10)(BX*4), Z16, Z2
+	VFMADD231PS (R11)(BX*4), Z16, Z3
+	ADDQ        $16, BX
+
+f14tail:
+	ANDQ $15, CX
+	JZ   f14reduce
+	TAILMASK
+	VMOVUPS.Z   (SI)(BX*4), K1, Z16
+	VMOVUPS.Z   (DI)(BX*4), K1, Z20
+	VMOVUPS.Z   (R9)(BX*4), K1, Z21
+	VMOVUPS.Z   (R10)(BX*4), K1, Z22
+	VMOVUPS.Z   (R11)(BX*4), K1, Z23
+	VFMADD231PS Z20, Z16, Z4
+	VFMADD231PS Z21, Z16, Z5
+	VFMADD231PS Z22, Z16, Z6
+	VFMADD231PS Z23, Z16, Z7
+
+f14reduce:
+	VADDPS Z4, Z0, Z0
+	VADDPS Z5, Z1, Z1
+	VADDPS Z6, Z2, Z2
+	VADDPS Z7, Z3, Z3
+	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0)
+	MOVQ    out+32(FP), R8
+	VADDPS  (R8), X0, X0
+	VMOVUPS X0, (R8)
+	VZEROUPPER
+	RET
+
+// func dotAVX512(a *float32, b *float32, n int) float32
+TEXT ·dotAVX512(SB), NOSPLIT, $0-28
+	MOVQ a+0(FP), SI
+	MOVQ b+8(FP), DI
+	MOVQ n+16(FP), CX
+	VPXORD Z0, Z0, Z0; VPXORD Z1, Z1, Z1; VPXORD Z2, Z2, Z2; VPXORD Z3, Z3, Z3
+	XORQ BX, BX
+	MOVQ CX, AX
+	ANDQ $-64, AX
+	JZ   dot16
+
+dot64:
+	VMOVUPS     (SI)(BX*4), Z4
+	VMOVUPS     64(SI)(BX*4), Z5
+	VMOVUPS     128(SI)(BX*4), Z6
+	VMOVUPS     192(SI)(BX*4), Z7
+	VFMADD231PS (DI)(BX*4), Z4, Z0
+	VFMADD231PS 64(DI)(BX*4), Z5, Z1
+	VFMADD231PS 128(DI)(BX*4), Z6, Z2
+	VFMADD231PS 192(DI)(BX*4), Z7, Z3
+	ADDQ        $64, BX
+	CMPQ        BX, AX
+	JB          dot64
+
+dot16:
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	CMPQ BX, AX
+	JAE  dottail
+
+dot16loop:
+	VMOVUPS     (SI)(BX*4), Z4
+	VFMADD231PS (DI)(BX*4), Z4, Z0
+	ADDQ        $16, BX
+	CMPQ        BX, AX
+	JB          dot16loop
+
+dottail:
+	ANDQ $15, CX
+	JZ   dotreduce
+	TAILMASK
+	VMOVUPS.Z   (SI)(BX*4), K1, Z4
+	VMOVUPS.Z   (DI)(BX*4), K1, Z5
+	VFMADD231PS Z5, Z4, Z1
+
+dotreduce:
+	VADDPS Z1, Z0, Z0
+	VADDPS Z3, Z2, Z2
+	VADDPS Z2, Z0, Z0
+	REDUCE1
+	VMOVSS X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func bf16Dot1x4AVX512(x *float32, w *uint16, ws int, k int, out *float32)
+// out[r] = Σ_j x[j] * bf16(w[r*ws+j]) for r < 4.
+TEXT ·bf16Dot1x4AVX512(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ ws+16(FP), DX
+	MOVQ k+24(FP), CX
+	SHLQ $1, DX
+	LEAQ (DI)(DX*1), R9   // w rows: DI, R9, R10, R11
+	LEAQ (DI)(DX*2), R10
+	LEAQ (R9)(DX*2), R11
+	VPXORD Z0, Z0, Z0; VPXORD Z1, Z1, Z1; VPXORD Z2, Z2, Z2; VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4; VPXORD Z5, Z5, Z5; VPXORD Z6, Z6, Z6; VPXORD Z7, Z7, Z7
+	XORQ BX, BX           // column index
+	MOVQ CX, AX
+	ANDQ $-32, AX
+	JZ   b14one
+
+b14loop:
+	VMOVUPS     (SI)(BX*4), Z16
+	VMOVUPS     64(SI)(BX*4), Z17
+	BF16((DI)(BX*2), Z20)
+	BF16((R9)(BX*2), Z21)
+	BF16((R10)(BX*2), Z22)
+	BF16((R11)(BX*2), Z23)
+	BF16(32(DI)(BX*2), Z24)
+	BF16(32(R9)(BX*2), Z25)
+	BF16(32(R10)(BX*2), Z26)
+	BF16(32(R11)(BX*2), Z27)
+	VFMADD231PS Z20, Z16, Z0
+	VFMADD231PS Z21, Z16, Z1
+	VFMADD231PS Z22, Z16, Z2
+	VFMADD231PS Z23, Z16, Z3
+	VFMADD231PS Z24, Z17, Z4
+	VFMADD231PS Z25, Z17, Z5
+	VFMADD231PS Z26, Z17, Z6
+	VFMADD231PS Z27, Z17, Z7
+	ADDQ        $32, BX
+	CMPQ        BX, AX
+	JB          b14loop
+
+b14one:
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	CMPQ BX, AX
+	JAE  b14tail
+	VMOVUPS     (SI)(BX*4), Z16
+	BF16((DI)(BX*2), Z20)
+	BF16((R9)(BX*2), Z21)
+	BF16((R10)(BX*2), Z22)
+	BF16((R11)(BX*2), Z23)
+	VFMADD231PS Z20, Z16, Z0
+	VFMADD231PS Z21, Z16, Z1
+	VFMADD231PS Z22, Z16, Z2
+	VFMADD231PS Z23, Z16, Z3
+	ADDQ        $16, BX
+
+b14tail:
+	ANDQ $15, CX
+	JZ   b14reduce
+	TAILMASK
+	VMOVUPS.Z   (SI)(BX*4), K1, Z16
+	VMOVDQU16.Z (DI)(BX*2), K1, Y20
+	VMOVDQU16.Z (R9)(BX*2), K1, Y21
+	VMOVDQU16.Z (R10)(BX*2), K1, Y22
+	VMOVDQU16.Z (R11)(BX*2), K1, Y23
+	BF16(Y20, Z20)
+	BF16(Y21, Z21)
+	BF16(Y22, Z22)
+	BF16(Y23, Z23)
+	VFMADD231PS Z20, Z16, Z4
+	VFMADD231PS Z21, Z16, Z5
+	VFMADD231PS Z22, Z16, Z6
+	VFMADD231PS Z23, Z16, Z7
+
+b14reduce:
+	VADDPS Z4, Z0, Z0
+	VADDPS Z5, Z1, Z1
+	VADDPS Z6, Z2, Z2
+	VADDPS Z7, Z3, Z3
+	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0)
+	MOVQ    out+32(FP), R8
+	VMOVUPS X0, (R8)
+	VZEROUPPER
+	RET
+
+// func bf16DotAVX512(x *float32, w *uint16, n int) float32
+TEXT ·bf16DotAVX512(SB), NOSPLIT, $0-28
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ n+16(FP), CX
+	VPXORD Z0, Z0, Z0
+	XORQ BX, BX
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	JZ   b1tail
+
+b1loop:
+	BF16((DI)(BX*2), Z4)
+	VFMADD231PS (SI)(BX*4), Z4, Z0
+	ADDQ        $16, BX
+	CMPQ        BX, AX
+	JB          b1loop
+
+b1tail:
+	ANDQ $15, CX
+	JZ   b1reduce
+	TAILMASK
+	VMOVUPS.Z   (SI)(BX*4), K1, Z5
+	VMOVDQU16.Z (DI)(BX*2), K1, Y4
+	BF16(Y4, Z4)
+	VFMADD231PS Z5, Z4, Z0
+
+b1reduce:
+	REDUCE1
+	VMOVSS X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func fp8Dot1x4AVX512(x *float32, w *uint8, ws int, k int, out *float32)
+// out[r] = Σ_j x[j] * fp8(w[r*ws+j]) / 256 for r < 4.
+TEXT ·fp8Dot1x4AVX512(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ ws+16(FP), DX
+	MOVQ k+24(FP), CX
+	LEAQ (DI)(DX*1), R9   // w rows: DI, R9, R10, R11
+	LEAQ (DI)(DX*2), R10
+	LEAQ (R9)(DX*2), R11
+	FP8MASK
+	VPXORD Z0, Z0, Z0; VPXORD Z1, Z1, Z1; VPXORD Z2, Z2, Z2; VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4; VPXORD Z5, Z5, Z5; VPXORD Z6, Z6, Z6; VPXORD Z7, Z7, Z7
+	XORQ BX, BX           // column index
+	MOVQ CX, AX
+	ANDQ $-32, AX
+	JZ   e14one
+
+e14loop:
+	VMOVUPS     (SI)(BX*4), Z16
+	VMOVUPS     64(SI)(BX*4), Z17
+	FP8((DI)(BX*1), Y20, Z20)
+	FP8((R9)(BX*1), Y21, Z21)
+	FP8((R10)(BX*1), Y22, Z22)
+	FP8((R11)(BX*1), Y23, Z23)
+	FP8(16(DI)(BX*1), Y24, Z24)
+	FP8(16(R9)(BX*1), Y25, Z25)
+	FP8(16(R10)(BX*1), Y26, Z26)
+	FP8(16(R11)(BX*1), Y27, Z27)
+	VFMADD231PS Z20, Z16, Z0
+	VFMADD231PS Z21, Z16, Z1
+	VFMADD231PS Z22, Z16, Z2
+	VFMADD231PS Z23, Z16, Z3
+	VFMADD231PS Z24, Z17, Z4
+	VFMADD231PS Z25, Z17, Z5
+	VFMADD231PS Z26, Z17, Z6
+	VFMADD231PS Z27, Z17, Z7
+	ADDQ        $32, BX
+	CMPQ        BX, AX
+	JB          e14loop
+
+e14one:
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	CMPQ BX, AX
+	JAE  e14tail
+	VMOVUPS     (SI)(BX*4), Z16
+	FP8((DI)(BX*1), Y20, Z20)
+	FP8((R9)(BX*1), Y21, Z21)
+	FP8((R10)(BX*1), Y22, Z22)
+	FP8((R11)(BX*1), Y23, Z23)
+	VFMADD231PS Z20, Z16, Z0
+	VFMADD231PS Z21, Z16, Z1
+	VFMADD231PS Z22, Z16, Z2
+	VFMADD231PS Z23, Z16, Z3
+	ADDQ        $16, BX
+
+e14tail:
+	ANDQ $15, CX
+	JZ   e14reduce
+	TAILMASK
+	VMOVUPS.Z  (SI)(BX*4), K1, Z16
+	VMOVDQU8.Z (DI)(BX*1), K1, X20
+	VMOVDQU8.Z (R9)(BX*1), K1, X21
+	VMOVDQU8.Z (R10)(BX*1), K1, X22
+	VMOVDQU8.Z (R11)(BX*1), K1, X23
+	FP8(X20, Y20, Z20)
+	FP8(X21, Y21, Z21)
+	FP8(X22, Y22, Z22)
+	FP8(X23, Y23, Z23)
+	VFMADD231PS Z20, Z16, Z4
+	VFMADD231PS Z21, Z16, Z5
+	VFMADD231PS Z22, Z16, Z6
+	VFMADD231PS Z23, Z16, Z7
+
+e14reduce:
+	VADDPS Z4, Z0, Z0
+	VADDPS Z5, Z1, Z1
+	VADDPS Z6, Z2, Z2
+	VADDPS Z7, Z3, Z3
+	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0)
+	MOVQ    out+32(FP), R8
+	VMOVUPS X0, (R8)
+	VZEROUPPER
+	RET
+
+// func fp8DotAVX512(x *float32, w *uint8, n int) float32
+// Returns Σ_j x[j] * fp8(w[j]) / 256.
+TEXT ·fp8DotAVX512(SB), NOSPLIT, $0-28
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ n+16(FP), CX
+	FP8MASK
+	VPXORD Z0, Z0, Z0
+	XORQ BX, BX
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	JZ   e1tail
+
+e1loop:
+	FP8((DI)(BX*1), Y4, Z4)
+	VFMADD231PS (SI)(BX*4), Z4, Z0
+	ADDQ        $16, BX
+	CMPQ        BX, AX
+	JB          e1loop
+
+e1tail:
+	ANDQ $15, CX
+	JZ   e1reduce
+	TAILMASK
+	VMOVUPS.Z  (SI)(BX*4), K1, Z5
+	VMOVDQU8.Z (DI)(BX*1), K1, X4
+	FP8(X4, Y4, Z4)
+	VFMADD231PS Z5, Z4, Z0
+
+e1reduce:
+	REDUCE1
+	VMOVSS X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func bf16ToF32AVX512(dst *float32, src *uint16, n int)
+TEXT ·bf16ToF32AVX512(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ BX, BX
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	JZ   cbtail
+
+cbloop:
+	BF16((SI)(BX*2), Z0)
+	VMOVUPS Z0, (DI)(BX*4)
+	ADDQ    $16, BX
+	CMPQ    BX, AX
+	JB      cbloop
+
+cbtail:
+	ANDQ $15, CX
+	JZ   cbdone
+	TAILMASK
+	VMOVDQU16.Z (SI)(BX*2), K1, Y0
+	BF16(Y0, Z0)
+	VMOVUPS     Z0, K1, (DI)(BX*4)
+
+cbdone:
+	VZEROUPPER
+	RET
+
+// func fp8ToF32AVX512(dst *float32, src *uint8, n int, mul float32)
+// dst[j] = fp8(src[j]) / 256 * mul.
+TEXT ·fp8ToF32AVX512(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS mul+24(FP), Z30
+	FP8MASK
+	XORQ         BX, BX
+	MOVQ         CX, AX
+	ANDQ         $-16, AX
+	JZ           cetail
+
+celoop:
+	FP8((SI)(BX*1), Y0, Z0)
+	VMULPS  Z30, Z0, Z0
+	VMOVUPS Z0, (DI)(BX*4)
+	ADDQ    $16, BX
+	CMPQ    BX, AX
+	JB      celoop
+
+cetail:
+	ANDQ $15, CX
+	JZ   cedone
+	TAILMASK
+	VMOVDQU8.Z (SI)(BX*1), K1, X0
+	FP8(X0, Y0, Z0)
+	VMULPS     Z30, Z0, Z0
+	VMOVUPS    Z0, K1, (DI)(BX*4)
+
+cedone:
+	VZEROUPPER
+	RET
+
+// func axpyAVX512(y *float32, alpha float32, x *float32, n int)
+// y[j] += alpha * x[j].
+TEXT ·axpyAVX512(SB), NOSPLIT, $0-32
+	MOVQ         y+0(FP), DI
+	VBROADCASTSS alpha+8(FP), Z31
+	MOVQ         x+16(FP), SI
+	MOVQ         n+24(FP), CX
+	XORQ         BX, BX
+	MOVQ         CX, AX
+	ANDQ         $-64, AX
+	JZ           ax16
+
+ax64:
+	VMOVUPS     (SI)(BX*4), Z0
+	VMOVUPS     64(SI)(BX*4), Z1
+	VMOVUPS     128(SI)(BX*4), Z2
+	VMOVUPS     192(SI)(BX*4), Z3
+	VFMADD213PS (DI)(BX*4), Z31, Z0
+	VFMADD213PS 64(DI)(BX*4), Z31, Z1
+	VFMADD213PS 128(DI)(BX*4), Z31, Z2
+	VFMADD213PS 192(DI)(BX*4), Z31, Z3
+	VMOVUPS     Z0, (DI)(BX*4)
+	VMOVUPS     Z1, 64(DI)(BX*4)
+	VMOVUPS     Z2, 128(DI)(BX*4)
+	VMOVUPS     Z3, 192(DI)(BX*4)
+	ADDQ        $64, BX
+	CMPQ        BX, AX
+	JB          ax64
+
+ax16:
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	CMPQ BX, AX
+	JAE  axtail
+
+ax16loop:
+	VMOVUPS     (SI)(BX*4), Z0
+	VFMADD213PS (DI)(BX*4), Z31, Z0
+	VMOVUPS     Z0, (DI)(BX*4)
+	ADDQ        $16, BX
+	CMPQ        BX, AX
+	JB          ax16loop
+
+axtail:
+	ANDQ $15, CX
+	JZ   axdone
+	TAILMASK
+	VMOVUPS.Z   (SI)(BX*4), K1, Z0
+	VMOVUPS.Z   (DI)(BX*4), K1, Z1
+	VFMADD213PS Z1, Z31, Z0
+	VMOVUPS     Z0, K1, (DI)(BX*4)
+
+axdone:
+	VZEROUPPER
+	RET
+
+// func scaleAVX512(y *float32, alpha float32, n int)
+// y[j] *= alpha.
+TEXT ·scaleAVX512(SB), NOSPLIT, $0-24
+	MOVQ         y+0(FP), DI
+	VBROADCASTSS alpha+8(FP), Z31
+	MOVQ         n+16(FP), CX
+	XORQ         BX, BX
+	MOVQ         CX, AX
+	ANDQ         $-64, AX
+	JZ           sc16
+
+sc64:
+	VMULPS  (DI)(BX*4), Z31, Z0
+	VMULPS  64(DI)(BX*4), Z31, Z1
+	VMULPS  128(DI)(BX*4), Z31, Z2
+	VMULPS  192(DI)(BX*4), Z31, Z3
+	VMOVUPS Z0, (DI)(BX*4)
+	VMOVUPS Z1, 64(DI)(BX*4)
+	VMOVUPS Z2, 128(DI)(BX*4)
+	VMOVUPS Z3, 192(DI)(BX*4)
+	ADDQ    $64, BX
+	CMPQ    BX, AX
+	JB      sc64
+
+sc16:
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	CMPQ BX, AX
+	JAE  sctail
+
+sc16loop:
+	VMULPS  (DI)(BX*4), Z31, Z0
+	VMOVUPS Z0, (DI)(BX*4)
+	ADDQ    $16, BX
+	CMPQ    BX, AX
+	JB      sc16loop
+
+sctail:
+	ANDQ $15, CX
+	JZ   scdone
+	TAILMASK
+	VMOVUPS.Z (DI)(BX*4), K1, Z0
+	VMULPS    Z0, Z31, Z0
+	VMOVUPS   Z0, K1, (DI)(BX*4)
+
+scdone:
+	VZEROUPPER
+	RET

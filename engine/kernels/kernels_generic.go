@@ -1,0 +1,193 @@
+package kernels
+
+import (
+	"math"
+
+	"github.com/stokehq/stoke/internal/dtype"
+)
+
+// kernelSet is one implementation of the inner loops. The MatMul driver only
+// calls these, so the assembly and the portable Go versions share all the
+// blocking, threading and scale handling.
+//
+// Shapes: x and w rows are k elements long; xs, ws and os are the distances
+// in elements between consecutive rows of x, w and out. FP8 dot products are
+// "raw": they return Σ x·E4M3(w)/256 (the assembly decodes FP8 into half
+// precision at 1/256 of its value), and the caller multiplies by 256·scale.
+type kernelSet struct {
+	name string
+	// f32Dot4x4 adds Σ_j x[t*xs+j]*w[r*ws+j] to out[t*os+r] for t, r < 4.
+	f32Dot4x4 func(x []float32, xs int, w []float32, ws, k int, out []float32, os int)
+	// f32Dot1x4 adds Σ_j x[j]*w[r*ws+j] to out[r] for r < 4.
+	f32Dot1x4 func(x, w []float32, ws, k int, out []float32)
+	// dot returns Σ a[j]*b[j]; len(a) == len(b).
+	dot func(a, b []float32) float32
+	// bf16Dot1x4 stores Σ_j x[j]*W[r][j] into out[r] for r < 4.
+	bf16Dot1x4 func(x []float32, w []uint16, ws, k int, out []float32)
+	// bf16Dot returns Σ x[j]*W[j]; len(x) == len(w).
+	bf16Dot func(x []float32, w []uint16) float32
+	// fp8Dot1x4 stores the raw FP8 dot products into out[r] for r < 4.
+	fp8Dot1x4 func(x []float32, w []uint8, ws, k int, out []float32)
+	// fp8Dot returns the raw FP8 dot product; len(x) == len(w).
+	fp8Dot func(x []float32, w []uint8) float32
+	// bf16ToF32 widens src into dst; len(dst) == len(src).
+	bf16ToF32 func(dst []float32, src []uint16)
+	// fp8ToF32 stores E4M3(src[j])/256*mul into dst[j]; len(dst) == len(src).
+	fp8ToF32 func(dst []float32, src []uint8, mul float32)
+	// axpy adds alpha*x to y; len(y) == len(x).
+	axpy func(y []float32, alpha float32, x []float32)
+	// scale multiplies y by alpha.
+	scale func(y []float32, alpha float32)
+}
+
+// fp8Unit is the factor by which raw FP8 results must be multiplied.
+const fp8Unit = 256
+
+// genericKernels is the portable implementation, used by purego builds, on
+// other architectures and on CPUs without AVX-512.
+var genericKernels = kernelSet{
+	name:       "go",
+	f32Dot4x4:  f32Dot4x4Go,
+	f32Dot1x4:  f32Dot1x4Go,
+	dot:        dotGo,
+	bf16Dot1x4: bf16Dot1x4Go,
+	bf16Dot:    bf16DotGo,
+	fp8Dot1x4:  fp8Dot1x4Go,
+	fp8Dot:     fp8DotGo,
+	bf16ToF32:  bf16ToF32Go,
+	fp8ToF32:   fp8ToF32Go,
+	axpy:       axpyGo,
+	scale:      scaleGo,
+}
+
+// fp8Raw holds E4M3(b)/256 for every byte b (read-only).
+var fp8Raw = func() (t [256]float32) {
+	for i, v := range dtype.E4M3Table() {
+		t[i] = v / fp8Unit
+	}
+	return t
+}()
+
+func f32Dot4x4Go(x []float32, xs int, w []float32, ws, k int, out []float32, os int) {
+	for t := 0; t < 4; t++ {
+		f32Dot1x4Go(x[t*xs:], w, ws, k, out[t*os:])
+	}
+}
+
+func f32Dot1x4Go(x, w []float32, ws, k int, out []float32) {
+	x = x[:k]
+	w0, w1, w2, w3 := w[:k], w[ws:ws+k], w[2*ws:2*ws+k], w[3*ws:3*ws+k]
+	var s0, s1, s2, s3 float32
+	for j, v := range x {
+		s0 += v * w0[j]
+		s1 += v * w1[j]
+		s2 += v * w2[j]
+		s3 += v * w3[j]
+	}
+	out = out[:4]
+	out[0] += s0
+	out[1] += s1
+	out[2] += s2
+	out[3] += s3
+}
+
+func dotGo(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	j := 0
+	for ; j+4 <= len(a); j += 4 {
+		s0 += a[j] * b[j]
+		s1 += a[j+1] * b[j+1]
+		s2 += a[j+2] * b[j+2]
+		s3 += a[j+3] * b[j+3]
+	}
+	for ; j < len(a); j++ {
+		s0 += a[j] * b[j]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+func bf16(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
+
+func bf16Dot1x4Go(x []float32, w []uint16, ws, k int, out []float32) {
+	x = x[:k]
+	w0, w1, w2, w3 := w[:k], w[ws:ws+k], w[2*ws:2*ws+k], w[3*ws:3*ws+k]
+	var s0, s1, s2, s3 float32
+	for j, v := range x {
+		s0 += v * bf16(w0[j])
+		s1 += v * bf16(w1[j])
+		s2 += v * bf16(w2[j])
+		s3 += v * bf16(w3[j])
+	}
+	out = out[:4]
+	out[0], out[1], out[2], out[3] = s0, s1, s2, s3
+}
+
+func bf16DotGo(x []float32, w []uint16) float32 {
+	w = w[:len(x)]
+	var s0, s1 float32
+	j := 0
+	for ; j+2 <= len(x); j += 2 {
+		s0 += x[j] * bf16(w[j])
+		s1 += x[j+1] * bf16(w[j+1])
+	}
+	if j < len(x) {
+		s0 += x[j] * bf16(w[j])
+	}
+	return s0 + s1
+}
+
+func fp8Dot1x4Go(x []float32, w []uint8, ws, k int, out []float32) {
+	x = x[:k]
+	w0, w1, w2, w3 := w[:k], w[ws:ws+k], w[2*ws:2*ws+k], w[3*ws:3*ws+k]
+	var s0, s1, s2, s3 float32
+	for j, v := range x {
+		s0 += v * fp8Raw[w0[j]]
+		s1 += v * fp8Raw[w1[j]]
+		s2 += v * fp8Raw[w2[j]]
+		s3 += v * fp8Raw[w3[j]]
+	}
+	out = out[:4]
+	out[0], out[1], out[2], out[3] = s0, s1, s2, s3
+}
+
+func fp8DotGo(x []float32, w []uint8) float32 {
+	w = w[:len(x)]
+	var s0, s1 float32
+	j := 0
+	for ; j+2 <= len(x); j += 2 {
+		s0 += x[j] * fp8Raw[w[j]]
+		s1 += x[j+1] * fp8Raw[w[j+1]]
+	}
+	if j < len(x) {
+		s0 += x[j] * fp8Raw[w[j]]
+	}
+	return s0 + s1
+}
+
+func bf16ToF32Go(dst []float32, src []uint16) {
+	dst = dst[:len(src)]
+	for j, b := range src {
+		dst[j] = bf16(b)
+	}
+}
+
+func fp8ToF32Go(dst []float32, src []uint8, mul float32) {
+	dst = dst[:len(src)]
+	for j, b := range src {
+		dst[j] = fp8Raw[b] * mul
+	}
+}
+
+func axpyGo(y []float32, alpha float32, x []float32) {
+	x = x[:len(y)]
+	for j, v := range x {
+		y[j] += alpha * v
+	}
+}
+
+func scaleGo(y []float32, alpha float32) {
+	for j := range y {
+		y[j] *= alpha
+	}
+}

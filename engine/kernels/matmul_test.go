@@ -1,0 +1,319 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stokehq/stoke/internal/dtype"
+)
+
+// weightKind is one way of storing weights that the kernels must handle.
+type weightKind struct {
+	name     string
+	dt       dtype.DType
+	scales   string // FP8: "tensor", "row" or "block"
+	blockRow int
+	blockCol int
+}
+
+var weightKinds = []weightKind{
+	{name: "f32", dt: dtype.F32},
+	{name: "bf16", dt: dtype.BF16},
+	{name: "fp8-tensor", dt: dtype.F8E4M3, scales: "tensor"},
+	{name: "fp8-row", dt: dtype.F8E4M3, scales: "row"},
+	{name: "fp8-block128", dt: dtype.F8E4M3, scales: "block", blockRow: 128, blockCol: 128},
+	{name: "fp8-block32", dt: dtype.F8E4M3, scales: "block", blockRow: 32, blockCol: 32},
+	{name: "fp8-block3x5", dt: dtype.F8E4M3, scales: "block", blockRow: 3, blockCol: 5},
+}
+
+// randomFP8 returns a random E4M3FN code that is not NaN.
+func randomFP8(rng *rand.Rand) uint8 {
+	for {
+		if b := uint8(rng.UintN(256)); b&0x7f != 0x7f {
+			return b
+		}
+	}
+}
+
+func newMatrix(rng *rand.Rand, k weightKind, rows, cols int) *Matrix {
+	m := &Matrix{Rows: rows, Cols: cols, DType: k.dt}
+	size := rows * cols
+	switch k.dt {
+	case dtype.F32:
+		m.F32 = make([]float32, size)
+		for i := range m.F32 {
+			m.F32[i] = rng.Float32()*2 - 1
+		}
+	case dtype.BF16:
+		m.BF16 = make([]uint16, size)
+		for i := range m.BF16 {
+			m.BF16[i] = dtype.F32ToBF16(rng.Float32()*2 - 1)
+		}
+	case dtype.F8E4M3:
+		m.FP8 = make([]uint8, size)
+		for i := range m.FP8 {
+			m.FP8[i] = randomFP8(rng)
+		}
+		ns := 1
+		switch k.scales {
+		case "row":
+			ns = rows
+		case "block":
+			m.BlockRows, m.BlockCols = k.blockRow, k.blockCol
+			ns = ceilDiv(rows, k.blockRow) * ceilDiv(cols, k.blockCol)
+		}
+		m.Scales = make([]float32, ns)
+		for i := range m.Scales {
+			m.Scales[i] = (0.5 + 1.5*rng.Float32()) / 256
+		}
+	}
+	return m
+}
+
+func randomVector(rng *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = rng.Float32()*2 - 1
+	}
+	return v
+}
+
+// magnitudes returns Σ_j |x[t][j] * W[i][j]| for every output, the scale
+// against which rounding differences are judged.
+func magnitudes(x []float32, n int, w *Matrix) []float64 {
+	mag := make([]float64, n*w.Rows)
+	for t := 0; t < n; t++ {
+		for i := 0; i < w.Rows; i++ {
+			var s float64
+			for j := 0; j < w.Cols; j++ {
+				s += math.Abs(float64(x[t*w.Cols+j]) * float64(w.At(i, j)))
+			}
+			mag[t*w.Rows+i] = s
+		}
+	}
+	return mag
+}
+
+// closeTo reports the first output where got and want differ by more than
+// 1e-4 of the output's magnitude.
+func closeTo(got, want []float32, mag []float64) error {
+	for i := range want {
+		d := math.Abs(float64(got[i]) - float64(want[i]))
+		if !(d <= 1e-4*mag[i]+1e-30) {
+			return fmt.Errorf("out[%d] = %g, want %g (diff %.3g, magnitude %.3g)", i, got[i], want[i], d, mag[i])
+		}
+	}
+	return nil
+}
+
+// kernelSets lists the implementations this build can run.
+func kernelSets() []*kernelSet {
+	sets := []*kernelSet{&genericKernels}
+	if asmKernels != nil {
+		sets = append(sets, asmKernels)
+	}
+	return sets
+}
+
+func TestMatMulMatchesNaive(t *testing.T) {
+	ns := []int{1, 2, 3, 5, 17}
+	rowsList := []int{1, 4, 7, 130, 257}
+	colsList := []int{1, 8, 15, 16, 172, 300, 1024}
+	var pools []*Pool
+	for _, ks := range kernelSets() {
+		for _, threads := range []int{1, 2} {
+			p := newPool(threads, ks)
+			defer p.Close()
+			pools = append(pools, p)
+		}
+	}
+	for ki, k := range weightKinds {
+		t.Run(k.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(ki), 1))
+			failures := 0
+			for _, rows := range rowsList {
+				for _, cols := range colsList {
+					w := newMatrix(rng, k, rows, cols)
+					for _, n := range ns {
+						x := randomVector(rng, n*cols)
+						want := make([]float32, n*rows)
+						MatMulNaive(want, x, n, w)
+						mag := magnitudes(x, n, w)
+						var results [][]float32
+						for _, p := range pools {
+							got := make([]float32, n*rows)
+							for i := range got {
+								got[i] = float32(math.NaN()) // must be overwritten
+							}
+							p.MatMul(got, x, n, w)
+							results = append(results, got)
+							if err := closeTo(got, want, mag); err != nil {
+								t.Errorf("%s threads=%d n=%d %dx%d: %v", p.ks.name, p.threads, n, rows, cols, err)
+								failures++
+							}
+						}
+						// The assembly and the portable kernels agree.
+						if err := closeTo(results[len(results)-1], results[0], mag); err != nil {
+							t.Errorf("%s vs %s n=%d %dx%d: %v", pools[len(pools)-1].ks.name, pools[0].ks.name, n, rows, cols, err)
+							failures++
+						}
+						if failures > 10 {
+							t.Fatal("too many failures")
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestMatMulLongRows(t *testing.T) {
+	// Cols beyond maxUnblockedK exercise the column blocking of the tiled
+	// path; n=6 mixes 4x4 and 1x4 tiles.
+	for ki, k := range []weightKind{weightKinds[0], weightKinds[1], weightKinds[4]} {
+		for _, ks := range kernelSets() {
+			t.Run(k.name+"/"+ks.name, func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(ki), 2))
+				const n, rows, cols = 6, 9, 2*kBlock + 37
+				w := newMatrix(rng, k, rows, cols)
+				x := randomVector(rng, n*cols)
+				want := make([]float32, n*rows)
+				MatMulNaive(want, x, n, w)
+				got := make([]float32, n*rows)
+				p := newPool(2, ks)
+				defer p.Close()
+				p.MatMul(got, x, n, w)
+				if err := closeTo(got, want, magnitudes(x, n, w)); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	}
+}
+
+func TestMatMulLeavesRestOfOut(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	w := newMatrix(rng, weightKinds[0], 5, 7)
+	x := randomVector(rng, 2*7)
+	out := make([]float32, 2*5+3)
+	for i := range out {
+		out[i] = 42
+	}
+	NewPool(1).MatMul(out, x, 2, w)
+	for i := 10; i < len(out); i++ {
+		if out[i] != 42 {
+			t.Errorf("out[%d] = %g, MatMul wrote past n*Rows", i, out[i])
+		}
+	}
+}
+
+func TestMatMulZeroRows(t *testing.T) {
+	w := &Matrix{Rows: 2, Cols: 3, DType: dtype.F32, F32: make([]float32, 6)}
+	var p *Pool // a nil pool runs on the caller
+	p.MatMul(nil, nil, 0, w)
+	if p.Threads() != 1 {
+		t.Errorf("nil pool Threads() = %d, want 1", p.Threads())
+	}
+}
+
+func TestMatMulPanicsOnBadArguments(t *testing.T) {
+	w := &Matrix{Rows: 2, Cols: 3, DType: dtype.F32, F32: make([]float32, 6)}
+	tests := []struct {
+		name   string
+		out, x []float32
+		n      int
+		w      *Matrix
+		want   string
+	}{
+		{"short x", make([]float32, 4), make([]float32, 5), 2, w, "x has 5 elements"},
+		{"short out", make([]float32, 3), make([]float32, 6), 2, w, "out has 3 elements"},
+		{"negative n", nil, nil, -1, w, "negative"},
+		{"invalid matrix", make([]float32, 2), make([]float32, 3), 1, &Matrix{Rows: 2, Cols: 3, DType: dtype.F32}, "F32 has 0 elements"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckMatMul(tc.out, tc.x, tc.n, tc.w)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("CheckMatMul error = %v, want one containing %q", err, tc.want)
+			}
+			for name, f := range map[string]func(){
+				"MatMul":      func() { NewPool(1).MatMul(tc.out, tc.x, tc.n, tc.w) },
+				"MatMulNaive": func() { MatMulNaive(tc.out, tc.x, tc.n, tc.w) },
+			} {
+				func() {
+					defer func() {
+						r := recover()
+						if r == nil || !strings.Contains(fmt.Sprint(r), tc.want) {
+							t.Errorf("%s panic = %v, want one containing %q", name, r, tc.want)
+						}
+					}()
+					f()
+				}()
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	fp8 := func(rows, cols, br, bc, nscales int) *Matrix {
+		return &Matrix{Rows: rows, Cols: cols, DType: dtype.F8E4M3, FP8: make([]uint8, rows*cols),
+			Scales: make([]float32, nscales), BlockRows: br, BlockCols: bc}
+	}
+	tests := []struct {
+		name string
+		m    *Matrix
+		want string // "" means valid
+	}{
+		{"f32", &Matrix{Rows: 2, Cols: 3, DType: dtype.F32, F32: make([]float32, 6)}, ""},
+		{"bf16 longer slice", &Matrix{Rows: 2, Cols: 3, DType: dtype.BF16, BF16: make([]uint16, 7)}, ""},
+		{"fp8 per tensor", fp8(4, 5, 0, 0, 1), ""},
+		{"fp8 per row", fp8(4, 5, 0, 0, 4), ""},
+		{"fp8 blocks", fp8(300, 130, 128, 128, 3*2), ""},
+		{"nil", nil, "nil"},
+		{"zero rows", &Matrix{Rows: 0, Cols: 3, DType: dtype.F32}, "must be positive"},
+		{"negative cols", &Matrix{Rows: 1, Cols: -3, DType: dtype.F32}, "must be positive"},
+		{"huge", &Matrix{Rows: 1 << 31, Cols: 1 << 31, DType: dtype.F32}, "too many"},
+		{"unsupported dtype", &Matrix{Rows: 1, Cols: 1, DType: dtype.F16}, "not supported"},
+		{"short f32", &Matrix{Rows: 2, Cols: 3, DType: dtype.F32, F32: make([]float32, 5)}, "F32 has 5 elements, want at least 6"},
+		{"short bf16", &Matrix{Rows: 2, Cols: 3, DType: dtype.BF16, F32: make([]float32, 6)}, "BF16 has 0 elements"},
+		{"short fp8", &Matrix{Rows: 2, Cols: 3, DType: dtype.F8E4M3, FP8: make([]uint8, 5), Scales: []float32{1}}, "FP8 has 5 elements"},
+		{"no scales", fp8(4, 5, 0, 0, 0), "want 1 (per tensor) or 4 (per row)"},
+		{"wrong scale count", fp8(4, 5, 0, 0, 3), "Scales has 3 elements"},
+		{"negative block", fp8(4, 5, -1, 2, 1), "must not be negative"},
+		{"half a block size", fp8(4, 5, 2, 0, 1), "must be set together"},
+		{"wrong block scale count", fp8(300, 130, 128, 128, 4), "Scales has 4 elements, want 6"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.m.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Validate() = %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Validate() = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestAtDequantises(t *testing.T) {
+	m := &Matrix{Rows: 3, Cols: 4, DType: dtype.F8E4M3, FP8: make([]uint8, 12),
+		BlockRows: 2, BlockCols: 3, Scales: []float32{1, 2, 3, 4}}
+	for i := range m.FP8 {
+		m.FP8[i] = 0x38 // 1.0
+	}
+	want := [3][4]float32{{1, 1, 1, 2}, {1, 1, 1, 2}, {3, 3, 3, 4}}
+	for i := range 3 {
+		for j := range 4 {
+			if got := m.At(i, j); got != want[i][j] {
+				t.Errorf("At(%d, %d) = %g, want %g", i, j, got, want[i][j])
+			}
+		}
+	}
+	if got := m.WeightBytes(); got != 12 {
+		t.Errorf("WeightBytes() = %d, want 12", got)
+	}
+}

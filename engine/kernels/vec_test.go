@@ -1,0 +1,141 @@
+package kernels
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stokehq/stoke/internal/dtype"
+)
+
+var vectorLengths = []int{0, 1, 2, 3, 7, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127, 129, 1000, 1023}
+
+func TestDot(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	for _, n := range vectorLengths {
+		a, b := randomVector(rng, n), randomVector(rng, n+3)
+		var want, mag float64
+		for i := range n {
+			want += float64(a[i]) * float64(b[i])
+			mag += math.Abs(float64(a[i]) * float64(b[i]))
+		}
+		if got := Dot(a, b); math.Abs(float64(got)-want) > 1e-5*mag+1e-30 {
+			t.Errorf("Dot(len %d) = %g, want %g", n, got, want)
+		}
+		for _, ks := range kernelSets() {
+			if n == 0 {
+				continue
+			}
+			if got := ks.dot(a, b[:n]); math.Abs(float64(got)-want) > 1e-5*mag+1e-30 {
+				t.Errorf("%s dot(len %d) = %g, want %g", ks.name, n, got, want)
+			}
+		}
+	}
+}
+
+func TestAXPYAndScale(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2, 2))
+	for _, n := range vectorLengths {
+		x, y := randomVector(rng, n), randomVector(rng, n+5)
+		const alpha = float32(-1.75)
+		want := make([]float32, len(y))
+		for i := range y {
+			want[i] = y[i]
+			if i < n {
+				want[i] = y[i] + alpha*x[i]
+			}
+		}
+		got := append([]float32(nil), y...)
+		AXPY(got, alpha, x)
+		for i := range got {
+			if math.Abs(float64(got[i]-want[i])) > 1e-6 {
+				t.Fatalf("AXPY(len %d): y[%d] = %g, want %g", n, i, got[i], want[i])
+			}
+		}
+		got = append([]float32(nil), y[:n]...)
+		Scale(got, alpha)
+		for i := range got {
+			if got[i] != alpha*y[i] {
+				t.Fatalf("Scale(len %d): y[%d] = %g, want %g", n, i, got[i], alpha*y[i])
+			}
+		}
+	}
+}
+
+func TestFP8DecodeIsExact(t *testing.T) {
+	src := make([]uint8, 256)
+	for i := range src {
+		src[i] = uint8(i)
+	}
+	for _, ks := range kernelSets() {
+		for _, mul := range []float32{fp8Unit, fp8Unit * 0.37} {
+			dst := make([]float32, 256)
+			ks.fp8ToF32(dst, src, mul)
+			for b, got := range dst {
+				if b&0x7f == 0x7f {
+					continue // NaN codes: not used by quantised weights
+				}
+				if want := dtype.E4M3ToF32(uint8(b)) * (mul / fp8Unit); got != want {
+					t.Errorf("%s fp8ToF32(%#02x, mul %g) = %g, want %g", ks.name, b, mul, got, want)
+				}
+			}
+		}
+	}
+	if asmKernels != nil {
+		dst := make([]float32, 2)
+		asmKernels.fp8ToF32(dst, []uint8{0x7f, 0xff}, fp8Unit)
+		if dst[0] != 480 || dst[1] != -480 {
+			t.Errorf("asm decodes NaN codes as %g, %g; the documented value is ±480", dst[0], dst[1])
+		}
+	}
+}
+
+func TestBF16DecodeIsExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	for _, n := range vectorLengths {
+		src := make([]uint16, n)
+		for i := range src {
+			src[i] = uint16(rng.UintN(1 << 16))
+		}
+		for _, ks := range kernelSets() {
+			dst := make([]float32, n+1)
+			dst[n] = 7
+			ks.bf16ToF32(dst[:n], src)
+			for i, b := range src {
+				if math.Float32bits(dst[i]) != math.Float32bits(dtype.BF16ToF32(b)) {
+					t.Fatalf("%s bf16ToF32(%#04x) = %g, want %g", ks.name, b, dst[i], dtype.BF16ToF32(b))
+				}
+			}
+			if dst[n] != 7 {
+				t.Fatalf("%s bf16ToF32(len %d) wrote past the end", ks.name, n)
+			}
+		}
+	}
+}
+
+func TestSingleRowDots(t *testing.T) {
+	// bf16Dot and fp8Dot are used for the rows left over after 4-row tiles.
+	rng := rand.New(rand.NewPCG(5, 5))
+	for _, n := range vectorLengths[1:] {
+		x := randomVector(rng, n)
+		wb := make([]uint16, n)
+		w8 := make([]uint8, n)
+		var wantB, wantE, magB, magE float64
+		for i := range n {
+			wb[i] = dtype.F32ToBF16(rng.Float32()*2 - 1)
+			w8[i] = randomFP8(rng)
+			pb := float64(x[i]) * float64(dtype.BF16ToF32(wb[i]))
+			pe := float64(x[i]) * float64(dtype.E4M3ToF32(w8[i])) / fp8Unit
+			wantB, magB = wantB+pb, magB+math.Abs(pb)
+			wantE, magE = wantE+pe, magE+math.Abs(pe)
+		}
+		for _, ks := range kernelSets() {
+			if got := ks.bf16Dot(x, wb); math.Abs(float64(got)-wantB) > 1e-5*magB+1e-30 {
+				t.Errorf("%s bf16Dot(len %d) = %g, want %g", ks.name, n, got, wantB)
+			}
+			if got := ks.fp8Dot(x, w8); math.Abs(float64(got)-wantE) > 1e-5*magE+1e-30 {
+				t.Errorf("%s fp8Dot(len %d) = %g, want %g", ks.name, n, got, wantE)
+			}
+		}
+	}
+}

@@ -1,0 +1,284 @@
+// Package model is the Llama-family transformer: config validation against
+// the checkpoint's tensors and a batched forward pass that reads and writes
+// keys and values through the block tables of a paged KV cache.
+package model
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/stokehq/stoke/engine/kernels"
+	"github.com/stokehq/stoke/engine/kvcache"
+)
+
+// Model is a loaded Llama model. Forward is not safe for concurrent use:
+// one scheduler drives a model.
+type Model struct {
+	cfg     Config
+	w       *Weights
+	pool    *kernels.Pool
+	invFreq []float64
+	buf     buffers
+}
+
+// New checks src against cfg and builds a model over its tensors. The model
+// keeps references into src's memory, which must outlive it.
+func New(cfg Config, src TensorSource, pool *kernels.Pool) (*Model, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("config.json: %w", err)
+	}
+	w, err := loadWeights(&cfg, src)
+	if err != nil {
+		return nil, err
+	}
+	return &Model{cfg: cfg, w: w, pool: pool, invFreq: cfg.inverseFrequencies()}, nil
+}
+
+// Config returns the model's configuration.
+func (m *Model) Config() Config { return m.cfg }
+
+// Weights returns the model's parameters.
+func (m *Model) Weights() *Weights { return m.w }
+
+// KVShape is the KV-cache geometry this model needs.
+func (m *Model) KVShape() kvcache.Shape {
+	return kvcache.Shape{Layers: m.cfg.NumLayers, KVHeads: m.cfg.NumKVHeads, HeadDim: m.cfg.HeadDim}
+}
+
+// Batch is one forward call's work: tokens from any number of sequences,
+// each at its position in its sequence. A sequence's earlier positions must
+// already be in the KV cache, and its tokens in this batch must be in
+// position order.
+type Batch struct {
+	Tokens    []int32
+	Positions []int32
+	// Seqs gives, for each token, the index of its sequence's block table.
+	Seqs        []int32
+	BlockTables [][]int32
+	// LogitRows lists the tokens (indices into Tokens) whose next-token
+	// logits Forward returns, in that order.
+	LogitRows []int
+}
+
+func (b *Batch) validate(c *Config) error {
+	n := len(b.Tokens)
+	if len(b.Positions) != n || len(b.Seqs) != n {
+		return fmt.Errorf("batch: %d tokens but %d positions and %d sequence ids", n, len(b.Positions), len(b.Seqs))
+	}
+	for i := range n {
+		tok, pos, seq := b.Tokens[i], b.Positions[i], b.Seqs[i]
+		switch {
+		case tok < 0 || int(tok) >= c.VocabSize:
+			return fmt.Errorf("batch: token %d at index %d is outside the vocabulary (%d)", tok, i, c.VocabSize)
+		case pos < 0 || int(pos) >= c.MaxPositionEmbeddings:
+			return fmt.Errorf("batch: position %d at index %d is outside the context (%d)", pos, i, c.MaxPositionEmbeddings)
+		case seq < 0 || int(seq) >= len(b.BlockTables):
+			return fmt.Errorf("batch: sequence %d at index %d has no block table", seq, i)
+		case int(pos)/kvcache.BlockSize >= len(b.BlockTables[seq]):
+			return fmt.Errorf("batch: block table of sequence %d does not cover position %d", seq, pos)
+		}
+	}
+	for _, r := range b.LogitRows {
+		if r < 0 || r >= n {
+			return fmt.Errorf("batch: logit row %d is outside the batch (%d tokens)", r, n)
+		}
+	}
+	return nil
+}
+
+// buffers are the activations of one forward call, grown on demand.
+type buffers struct {
+	x, h, q, k, v, att, gate, up, rope []float32
+}
+
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+func (b *buffers) size(c *Config, n int) {
+	d, q, kv, f := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim, c.IntermediateSize
+	b.x, b.h = grow(b.x, n*d), grow(b.h, n*max(d, q))
+	b.q, b.att = grow(b.q, n*q), grow(b.att, n*q)
+	b.k, b.v = grow(b.k, n*kv), grow(b.v, n*kv)
+	b.gate, b.up = grow(b.gate, n*f), grow(b.up, n*f)
+	b.rope = grow(b.rope, n*c.HeadDim)
+}
+
+// Forward runs the batch through the model, storing each token's keys and
+// values in kv, and writes the next-token logits of b.LogitRows into
+// logits (len(b.LogitRows) × vocab_size).
+func (m *Model) Forward(b *Batch, kv *kvcache.Cache, logits []float32) error {
+	c := &m.cfg
+	if err := b.validate(c); err != nil {
+		return err
+	}
+	if kv.Shape() != m.KVShape() {
+		return fmt.Errorf("kv cache shape %+v does not fit the model (%+v)", kv.Shape(), m.KVShape())
+	}
+	if len(logits) != len(b.LogitRows)*c.VocabSize {
+		return fmt.Errorf("logits buffer has %d values, want %d", len(logits), len(b.LogitRows)*c.VocabSize)
+	}
+	n := len(b.Tokens)
+	if n == 0 {
+		return nil
+	}
+	buf := &m.buf
+	buf.size(c, n)
+	d := c.HiddenSize
+	for i, tok := range b.Tokens {
+		embedRow(buf.x[i*d:(i+1)*d], m.w.Embed, int(tok))
+	}
+	m.ropeTables(b.Positions, buf.rope)
+	for l := range m.w.Layers {
+		m.layer(l, b, kv)
+	}
+	h := buf.h[:len(b.LogitRows)*d]
+	for j, r := range b.LogitRows {
+		rmsNorm(h[j*d:(j+1)*d], buf.x[r*d:(r+1)*d], m.w.Norm, float32(c.RMSNormEps))
+	}
+	m.pool.MatMul(logits, h, len(b.LogitRows), m.w.LMHead)
+	return nil
+}
+
+func (m *Model) layer(l int, b *Batch, kv *kvcache.Cache) {
+	c, buf, w := &m.cfg, &m.buf, &m.w.Layers[l]
+	n, d := len(b.Tokens), c.HiddenSize
+	h := buf.h[:n*d]
+	for i := range n {
+		rmsNorm(h[i*d:(i+1)*d], buf.x[i*d:(i+1)*d], w.AttnNorm, float32(c.RMSNormEps))
+	}
+	m.pool.MatMul(buf.q, h, n, w.Q)
+	m.pool.MatMul(buf.k, h, n, w.K)
+	m.pool.MatMul(buf.v, h, n, w.V)
+	m.applyRope(n)
+	tokSize := c.NumKVHeads * c.HeadDim
+	for i := range n {
+		pos := int(b.Positions[i])
+		block := b.BlockTables[b.Seqs[i]][pos/kvcache.BlockSize]
+		copy(kv.Keys(l, block, pos%kvcache.BlockSize), buf.k[i*tokSize:(i+1)*tokSize])
+		copy(kv.Values(l, block, pos%kvcache.BlockSize), buf.v[i*tokSize:(i+1)*tokSize])
+	}
+	m.attention(l, b, kv)
+	m.pool.MatMul(h, buf.att, n, w.O)
+	kernels.AXPY(buf.x[:n*d], 1, h)
+
+	for i := range n {
+		rmsNorm(h[i*d:(i+1)*d], buf.x[i*d:(i+1)*d], w.MLPNorm, float32(c.RMSNormEps))
+	}
+	m.pool.MatMul(buf.gate, h, n, w.Gate)
+	m.pool.MatMul(buf.up, h, n, w.Up)
+	swiGLU(buf.gate, buf.up)
+	m.pool.MatMul(h, buf.gate, n, w.Down)
+	kernels.AXPY(buf.x[:n*d], 1, h)
+}
+
+// ropeTables fills, per token, cos then sin of position × frequency for
+// each half-dimension of a head.
+func (m *Model) ropeTables(positions []int32, out []float32) {
+	half := m.cfg.HeadDim / 2
+	for i, pos := range positions {
+		row := out[i*2*half : (i+1)*2*half]
+		for j, f := range m.invFreq {
+			s, c := math.Sincos(float64(pos) * f)
+			row[j], row[half+j] = float32(c), float32(s)
+		}
+	}
+}
+
+// applyRope rotates queries and keys in the half-split (rotate_half) layout.
+func (m *Model) applyRope(n int) {
+	c, buf := &m.cfg, &m.buf
+	hd, half := c.HeadDim, c.HeadDim/2
+	rotate := func(v, cos, sin []float32) {
+		for j := range half {
+			x0, x1 := v[j], v[j+half]
+			v[j] = x0*cos[j] - x1*sin[j]
+			v[j+half] = x1*cos[j] + x0*sin[j]
+		}
+	}
+	for i := range n {
+		table := buf.rope[i*hd : (i+1)*hd]
+		cos, sin := table[:half], table[half:]
+		for h := range c.NumHeads {
+			rotate(buf.q[(i*c.NumHeads+h)*hd:][:hd], cos, sin)
+		}
+		for h := range c.NumKVHeads {
+			rotate(buf.k[(i*c.NumKVHeads+h)*hd:][:hd], cos, sin)
+		}
+	}
+}
+
+// attention computes, for every token and query head, softmax(q·K/√d)·V
+// over the token's sequence up to and including its position.
+func (m *Model) attention(l int, b *Batch, kv *kvcache.Cache) {
+	c, buf := &m.cfg, &m.buf
+	hd, heads, group := c.HeadDim, c.NumHeads, c.NumHeads/c.NumKVHeads
+	tokSize := c.NumKVHeads * hd
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	m.pool.Parallel(len(b.Tokens)*heads, 1, func(lo, hi int) {
+		var scores []float32
+		for job := lo; job < hi; job++ {
+			i, h := job/heads, job%heads
+			pos := int(b.Positions[i])
+			table := b.BlockTables[b.Seqs[i]]
+			q := buf.q[(i*heads+h)*hd:][:hd]
+			out := buf.att[(i*heads+h)*hd:][:hd]
+			kvOff := (h / group) * hd
+			scores = grow(scores, pos+1)
+			maxScore := float32(math.Inf(-1))
+			for p := 0; p <= pos; p++ {
+				keys := kv.BlockKeys(l, table[p/kvcache.BlockSize])
+				s := kernels.Dot(q, keys[(p%kvcache.BlockSize)*tokSize+kvOff:][:hd]) * scale
+				scores[p] = s
+				maxScore = max(maxScore, s)
+			}
+			var sum float32
+			for p := range scores {
+				e := float32(math.Exp(float64(scores[p] - maxScore)))
+				scores[p] = e
+				sum += e
+			}
+			clear(out)
+			inv := 1 / sum
+			for p := 0; p <= pos; p++ {
+				values := kv.BlockValues(l, table[p/kvcache.BlockSize])
+				kernels.AXPY(out, scores[p]*inv, values[(p%kvcache.BlockSize)*tokSize+kvOff:][:hd])
+			}
+		}
+	})
+}
+
+// embedRow writes row tok of the embedding matrix as float32.
+func embedRow(dst []float32, e *kernels.Matrix, tok int) {
+	cols := e.Cols
+	switch {
+	case e.F32 != nil:
+		copy(dst, e.F32[tok*cols:(tok+1)*cols])
+	case e.BF16 != nil:
+		for j, v := range e.BF16[tok*cols : (tok+1)*cols] {
+			dst[j] = math.Float32frombits(uint32(v) << 16)
+		}
+	}
+}
+
+// rmsNorm writes x / rms(x) * weight into dst.
+func rmsNorm(dst, x, weight []float32, eps float32) {
+	var ss float32
+	for _, v := range x {
+		ss += v * v
+	}
+	inv := float32(1 / math.Sqrt(float64(ss/float32(len(x))+eps)))
+	for i, v := range x {
+		dst[i] = v * inv * weight[i]
+	}
+}
+
+// swiGLU overwrites gate with silu(gate) * up.
+func swiGLU(gate, up []float32) {
+	for i, g := range gate {
+		gate[i] = g / (1 + float32(math.Exp(float64(-g)))) * up[i]
+	}
+}

@@ -1,0 +1,300 @@
+package model
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stokehq/stoke/engine/kernels"
+	"github.com/stokehq/stoke/engine/kvcache"
+	"github.com/stokehq/stoke/internal/dtype"
+)
+
+// mapSource is an in-memory checkpoint.
+type mapSource map[string]Tensor
+
+func (m mapSource) Lookup(name string) (Tensor, bool) {
+	t, ok := m[name]
+	return t, ok
+}
+
+func testConfig() Config {
+	return Config{ModelType: "llama", HiddenSize: 48, IntermediateSize: 80, NumLayers: 2, NumHeads: 6, NumKVHeads: 2,
+		HeadDim: 8, VocabSize: 97, MaxPositionEmbeddings: 128, RMSNormEps: 1e-5, RopeTheta: 10000, HiddenAct: "silu",
+		TieWordEmbeddings: true}
+}
+
+// randomSource builds random F32 weights for cfg.
+func randomSource(t *testing.T, cfg Config, seed uint64) mapSource {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 1))
+	src := mapSource{}
+	for _, ns := range cfg.TensorShapes() {
+		n := 1
+		for _, d := range ns.Shape {
+			n *= d
+		}
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * 0.2)
+			if len(ns.Shape) == 1 {
+				v[i] += 1
+			}
+		}
+		b, err := dtype.FromFloat32(dtype.F32, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src[ns.Name] = Tensor{DType: dtype.F32, Shape: ns.Shape, Data: b, Source: "memory"}
+	}
+	return src
+}
+
+func newTestModel(t *testing.T, cfg Config, src TensorSource) *Model {
+	t.Helper()
+	pool := kernels.NewPool(2)
+	t.Cleanup(pool.Close)
+	m, err := New(cfg, src, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// runAlone prefills one sequence in a forward call of its own and returns
+// the logits of every position.
+func runAlone(t *testing.T, m *Model, tokens []int32) []float32 {
+	t.Helper()
+	kv, err := kvcache.New(m.KVShape(), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table, err := kv.Grow(nil, len(tokens))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &Batch{Tokens: tokens, Positions: make([]int32, len(tokens)), Seqs: make([]int32, len(tokens)), BlockTables: [][]int32{table}}
+	for i := range tokens {
+		b.Positions[i] = int32(i)
+		b.LogitRows = append(b.LogitRows, i)
+	}
+	logits := make([]float32, len(tokens)*m.cfg.VocabSize)
+	if err := m.Forward(b, kv, logits); err != nil {
+		t.Fatal(err)
+	}
+	return logits
+}
+
+func TestBatchMatchesSequencesAlone(t *testing.T) {
+	cfg := testConfig()
+	m := newTestModel(t, cfg, randomSource(t, cfg, 7))
+	rng := rand.New(rand.NewPCG(3, 3))
+	lengths := []int{1, 3, 16, 17, 5, 33, 2, 9}
+	seqs := make([][]int32, len(lengths))
+	for i, n := range lengths {
+		for range n {
+			seqs[i] = append(seqs[i], int32(rng.IntN(cfg.VocabSize)))
+		}
+	}
+
+	// Every sequence in one call: the first half of each prompt, then the
+	// rest in a second call, interleaved across sequences.
+	kv, err := kvcache.New(m.KVShape(), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables := make([][]int32, len(seqs))
+	for i, s := range seqs {
+		if tables[i], err = kv.Grow(nil, len(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([][]float32, len(seqs))
+	for _, part := range []struct{ from, to func(n int) int }{
+		{func(int) int { return 0 }, func(n int) int { return n / 2 }},
+		{func(n int) int { return n / 2 }, func(n int) int { return n }},
+	} {
+		b := &Batch{BlockTables: tables}
+		var owners []int
+		for pos := 0; pos < 40; pos++ {
+			for i, s := range seqs {
+				if pos >= part.from(len(s)) && pos < part.to(len(s)) {
+					b.Tokens = append(b.Tokens, s[pos])
+					b.Positions = append(b.Positions, int32(pos))
+					b.Seqs = append(b.Seqs, int32(i))
+					b.LogitRows = append(b.LogitRows, len(b.Tokens)-1)
+					owners = append(owners, i)
+				}
+			}
+		}
+		logits := make([]float32, len(b.LogitRows)*cfg.VocabSize)
+		if err := m.Forward(b, kv, logits); err != nil {
+			t.Fatal(err)
+		}
+		for j, owner := range owners {
+			got[owner] = append(got[owner], logits[j*cfg.VocabSize:(j+1)*cfg.VocabSize]...)
+		}
+	}
+	for i, s := range seqs {
+		want := runAlone(t, m, s)
+		if len(got[i]) != len(want) {
+			t.Fatalf("sequence %d: %d logits, want %d", i, len(got[i]), len(want))
+		}
+		for j := range want {
+			if d := math.Abs(float64(got[i][j] - want[j])); d > 1e-5 {
+				t.Fatalf("sequence %d (len %d) logit %d: batched %v, alone %v", i, len(s), j, got[i][j], want[j])
+			}
+		}
+	}
+}
+
+func TestGQAEqualsRepeatedHeads(t *testing.T) {
+	// A GQA model equals the multi-head model whose K/V projections repeat
+	// each KV head for its group of query heads.
+	cfg := testConfig()
+	src := randomSource(t, cfg, 11)
+	mha := cfg
+	mha.NumKVHeads = cfg.NumHeads
+	group := cfg.NumHeads / cfg.NumKVHeads
+	mhaSrc := mapSource{}
+	for name, tensor := range src {
+		mhaSrc[name] = tensor
+		if strings.HasSuffix(name, "k_proj.weight") || strings.HasSuffix(name, "v_proj.weight") {
+			rowBytes := cfg.HiddenSize * 4
+			var data []byte
+			for h := 0; h < cfg.NumKVHeads; h++ {
+				head := tensor.Data[h*cfg.HeadDim*rowBytes : (h+1)*cfg.HeadDim*rowBytes]
+				for range group {
+					data = append(data, head...)
+				}
+			}
+			mhaSrc[name] = Tensor{DType: dtype.F32, Shape: []int{cfg.NumHeads * cfg.HeadDim, cfg.HiddenSize}, Data: data}
+		}
+	}
+	tokens := []int32{5, 9, 13, 2, 77, 31}
+	a := runAlone(t, newTestModel(t, cfg, src), tokens)
+	b := runAlone(t, newTestModel(t, mha, mhaSrc), tokens)
+	for i := range a {
+		if d := math.Abs(float64(a[i] - b[i])); d > 1e-5 {
+			t.Fatalf("logit %d: gqa %v, mha %v", i, a[i], b[i])
+		}
+	}
+}
+
+func TestLoadRejectsBadCheckpoints(t *testing.T) {
+	cfg := testConfig()
+	for _, tc := range []struct {
+		name   string
+		mutate func(src mapSource, cfg *Config)
+		want   string
+	}{
+		{"missing tensor", func(s mapSource, _ *Config) { delete(s, "model.layers.1.mlp.up_proj.weight") },
+			"tensor model.layers.1.mlp.up_proj.weight is missing"},
+		{"config disagrees", func(_ mapSource, c *Config) { c.IntermediateSize = 96 },
+			"model.layers.0.mlp.gate_proj.weight has shape [80 48], config.json implies [96 48]"},
+		{"short data", func(s mapSource, _ *Config) {
+			t := s["model.norm.weight"]
+			t.Data = t.Data[:8]
+			s["model.norm.weight"] = t
+		}, "tensor model.norm.weight has 8 bytes"},
+		{"integer dtype", func(s mapSource, _ *Config) {
+			t := s["model.embed_tokens.weight"]
+			t.DType = dtype.I32
+			s["model.embed_tokens.weight"] = t
+		}, "has dtype I32"},
+		{"fp8 embedding", func(s mapSource, _ *Config) {
+			t := s["model.embed_tokens.weight"]
+			t.DType, t.Data = dtype.F8E4M3, t.Data[:len(t.Data)/4]
+			s["model.embed_tokens.weight"] = t
+		}, "only projection weights may be"},
+		{"fp8 without scale", func(s mapSource, _ *Config) {
+			t := s["model.layers.0.self_attn.q_proj.weight"]
+			t.DType, t.Data = dtype.F8E4M3, t.Data[:len(t.Data)/4]
+			s["model.layers.0.self_attn.q_proj.weight"] = t
+		}, "has neither model.layers.0.self_attn.q_proj.weight_scale_inv"},
+		{"untied head missing", func(_ mapSource, c *Config) { c.TieWordEmbeddings = false }, "tensor lm_head.weight is missing"},
+		{"bad heads", func(_ mapSource, c *Config) { c.NumKVHeads = 4 }, "not a multiple of num_key_value_heads"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src, c := randomSource(t, cfg, 1), cfg
+			tc.mutate(src, &c)
+			_, err := New(c, src, kernels.NewPool(1))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, json, want string
+	}{
+		{"not json", `{`, "parse config.json"},
+		{"zero layers", `{"hidden_size":8,"intermediate_size":8,"num_hidden_layers":0,"num_attention_heads":2,"vocab_size":4,"max_position_embeddings":8}`, "num_hidden_layers must be positive"},
+		{"other arch", `{"model_type":"gpt2","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,"max_position_embeddings":8}`, `model_type "gpt2"`},
+		{"bad act", `{"hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,"max_position_embeddings":8,"hidden_act":"gelu"}`, `hidden_act "gelu"`},
+		{"eos outside", `{"hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,"max_position_embeddings":8,"eos_token_id":[2,9]}`, "eos_token_id 9"},
+		{"bad quant", `{"hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,"max_position_embeddings":8,"quantization_config":{"quant_method":"awq"}}`, `quant_method "awq"`},
+		{"bad rope", `{"hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,"max_position_embeddings":8,"rope_scaling":{"rope_type":"llama3","factor":8}}`, "rope_scaling"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tc.json))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+	c, err := ParseConfig([]byte(`{"hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,"max_position_embeddings":8,"eos_token_id":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NumKVHeads != 2 || c.HeadDim != 4 || !slices.Equal(c.EOSTokenID, TokenIDs{3}) {
+		t.Fatalf("defaults not applied: %+v", c)
+	}
+}
+
+func TestLlama3RopeScaling(t *testing.T) {
+	c := Config{HeadDim: 128, RopeTheta: 500000, RopeScaling: &RopeScaling{RopeType: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}}
+	plain := Config{HeadDim: 128, RopeTheta: 500000}
+	scaled, base := c.inverseFrequencies(), plain.inverseFrequencies()
+	if scaled[0] != base[0] {
+		t.Errorf("high frequency changed: %v vs %v", scaled[0], base[0])
+	}
+	last := len(base) - 1
+	if math.Abs(scaled[last]-base[last]/8) > 1e-15 {
+		t.Errorf("low frequency %v, want %v", scaled[last], base[last]/8)
+	}
+	for i := range base {
+		if scaled[i] > base[i] || scaled[i] < base[i]/8 {
+			t.Fatalf("frequency %d = %v outside [%v, %v]", i, scaled[i], base[i]/8, base[i])
+		}
+	}
+}
+
+func TestForwardRejectsBadBatches(t *testing.T) {
+	cfg := testConfig()
+	m := newTestModel(t, cfg, randomSource(t, cfg, 2))
+	kv, _ := kvcache.New(m.KVShape(), 4)
+	table, _ := kv.Grow(nil, 16)
+	for _, tc := range []struct {
+		name string
+		b    Batch
+		want string
+	}{
+		{"token outside vocab", Batch{Tokens: []int32{97}, Positions: []int32{0}, Seqs: []int32{0}, BlockTables: [][]int32{table}}, "outside the vocabulary"},
+		{"uncovered position", Batch{Tokens: []int32{1}, Positions: []int32{16}, Seqs: []int32{0}, BlockTables: [][]int32{table}}, "does not cover position 16"},
+		{"unknown sequence", Batch{Tokens: []int32{1}, Positions: []int32{0}, Seqs: []int32{1}, BlockTables: [][]int32{table}}, "has no block table"},
+		{"ragged", Batch{Tokens: []int32{1, 2}, Positions: []int32{0}, Seqs: []int32{0, 0}, BlockTables: [][]int32{table}}, "2 tokens but 1 positions"},
+		{"bad logit row", Batch{Tokens: []int32{1}, Positions: []int32{0}, Seqs: []int32{0}, BlockTables: [][]int32{table}, LogitRows: []int{1}}, "logit row 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := m.Forward(&tc.b, kv, make([]float32, len(tc.b.LogitRows)*cfg.VocabSize))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}

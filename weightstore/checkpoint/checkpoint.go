@@ -1,0 +1,204 @@
+// Package checkpoint reads and writes Hugging Face Llama checkpoint
+// directories: config.json, one model.safetensors or shards listed in
+// model.safetensors.index.json, and the tokenizer files beside them.
+package checkpoint
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/stokehq/stoke/engine/kernels"
+	"github.com/stokehq/stoke/engine/model"
+	"github.com/stokehq/stoke/weightstore/safetensors"
+)
+
+// File names of a Hugging Face checkpoint directory.
+const (
+	ConfigFile      = "config.json"
+	SingleFile      = "model.safetensors"
+	IndexFile       = "model.safetensors.index.json"
+	TokenizerFile   = "tokenizer.json"
+	TokenizerConfig = "tokenizer_config.json"
+)
+
+// Checkpoint is an open checkpoint directory whose tensors are mapped into
+// memory. It implements model.TensorSource.
+type Checkpoint struct {
+	dir     string
+	config  model.Config
+	files   []*safetensors.File
+	tensors map[string]located
+}
+
+type located struct {
+	file *safetensors.File
+	info safetensors.TensorInfo
+}
+
+// Index is the content of model.safetensors.index.json.
+type Index struct {
+	Metadata  map[string]any    `json:"metadata,omitempty"`
+	WeightMap map[string]string `json:"weight_map"`
+}
+
+// Open reads config.json and maps every shard of the checkpoint in dir,
+// checking that the index and the shards agree.
+func Open(dir string) (*Checkpoint, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, ConfigFile))
+	if err != nil {
+		return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
+	}
+	cfg, err := model.ParseConfig(raw)
+	if err != nil {
+		return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
+	}
+	c := &Checkpoint{dir: dir, config: cfg, tensors: map[string]located{}}
+	if err := c.openShards(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
+	}
+	return c, nil
+}
+
+func (c *Checkpoint) openShards() error {
+	idx, err := ReadIndex(c.dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		f, err := safetensors.Open(filepath.Join(c.dir, SingleFile))
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("neither %s nor %s is present", SingleFile, IndexFile)
+			}
+			return err
+		}
+		c.addFile(f)
+		return nil
+	case err != nil:
+		return err
+	}
+	byFile := map[string]*safetensors.File{}
+	for _, shard := range idx.Shards() {
+		if filepath.Base(shard) != shard {
+			return fmt.Errorf("%s names shard %q outside the checkpoint directory", IndexFile, shard)
+		}
+		f, err := safetensors.Open(filepath.Join(c.dir, shard))
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("shard %s named in %s is missing", shard, IndexFile)
+			}
+			return err
+		}
+		byFile[shard] = f
+		c.addFile(f)
+	}
+	for name, shard := range idx.WeightMap {
+		l, ok := c.tensors[name]
+		if !ok || l.file != byFile[shard] {
+			return fmt.Errorf("%s maps tensor %s to %s, which does not hold it", IndexFile, name, shard)
+		}
+	}
+	if len(c.tensors) != len(idx.WeightMap) {
+		for name, l := range c.tensors {
+			if _, ok := idx.WeightMap[name]; !ok {
+				return fmt.Errorf("tensor %s in %s is not listed in %s", name, filepath.Base(l.file.Path()), IndexFile)
+			}
+		}
+	}
+	return nil
+}
+
+func (c *Checkpoint) addFile(f *safetensors.File) {
+	c.files = append(c.files, f)
+	for _, t := range f.Header().Tensors {
+		c.tensors[t.Name] = located{file: f, info: t}
+	}
+}
+
+// ReadIndex reads and checks dir's model.safetensors.index.json; the error
+// wraps fs.ErrNotExist when the checkpoint is not sharded.
+func ReadIndex(dir string) (*Index, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, IndexFile))
+	if err != nil {
+		return nil, err
+	}
+	var idx Index
+	if err := json.Unmarshal(raw, &idx); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", IndexFile, err)
+	}
+	if len(idx.WeightMap) == 0 {
+		return nil, fmt.Errorf("%s has an empty weight_map", IndexFile)
+	}
+	return &idx, nil
+}
+
+// Shards lists the distinct shard files of the index, sorted.
+func (idx *Index) Shards() []string {
+	var out []string
+	for _, f := range idx.WeightMap {
+		if !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Dir is the checkpoint's directory.
+func (c *Checkpoint) Dir() string { return c.dir }
+
+// Config is the parsed config.json.
+func (c *Checkpoint) Config() model.Config { return c.config }
+
+// Names lists every tensor in the checkpoint, sorted.
+func (c *Checkpoint) Names() []string {
+	names := make([]string, 0, len(c.tensors))
+	for n := range c.tensors {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Lookup returns a zero-copy view of a tensor.
+func (c *Checkpoint) Lookup(name string) (model.Tensor, bool) {
+	l, ok := c.tensors[name]
+	if !ok {
+		return model.Tensor{}, false
+	}
+	_, data, err := l.file.TensorData(name)
+	if err != nil {
+		return model.Tensor{}, false
+	}
+	return model.Tensor{DType: l.info.DType, Shape: l.info.Shape, Data: data, Source: filepath.Base(l.file.Path())}, true
+}
+
+// Close unmaps every shard. Models built over the checkpoint must not be
+// used afterwards.
+func (c *Checkpoint) Close() error {
+	var errs []error
+	for _, f := range c.files {
+		errs = append(errs, f.Close())
+	}
+	c.files = nil
+	return errors.Join(errs...)
+}
+
+// LoadModel opens the checkpoint in dir and builds its model. The returned
+// checkpoint backs the model's weights: close it only when done with both.
+func LoadModel(dir string, pool *kernels.Pool) (*model.Model, *Checkpoint, error) {
+	c, err := Open(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := model.New(c.Config(), c, pool)
+	if err != nil {
+		c.Close()
+		return nil, nil, fmt.Errorf("load model from %s: %w", dir, err)
+	}
+	return m, c, nil
+}

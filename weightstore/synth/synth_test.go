@@ -1,0 +1,198 @@
+package synth
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stokehq/stoke/engine/kernels"
+	"github.com/stokehq/stoke/engine/kvcache"
+	"github.com/stokehq/stoke/engine/model"
+	"github.com/stokehq/stoke/engine/tokenizer"
+	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/weightstore/checkpoint"
+)
+
+func write(t testing.TB, preset string, d dtype.DType, shard int64, seed uint64) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), preset)
+	if err := Write(context.Background(), dir, Options{Preset: preset, DType: d, ShardSize: shard, Seed: seed}); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestPresetsLoadAndUseGQA(t *testing.T) {
+	for _, name := range Presets() {
+		cfg, err := PresetConfig(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if name != "tiny" && cfg.NumKVHeads >= cfg.NumHeads {
+			t.Errorf("%s does not use grouped-query attention", name)
+		}
+	}
+	cfg, _ := PresetConfig("100m")
+	if p := cfg.NumParameters(); p < 90e6 || p > 110e6 {
+		t.Errorf("100m preset has %d parameters", p)
+	}
+	cfg, _ = PresetConfig("1b")
+	if p := cfg.NumParameters(); p < 1e9 || p > 1.5e9 {
+		t.Errorf("1b preset has %d parameters", p)
+	}
+}
+
+func TestDeterministicAndSharded(t *testing.T) {
+	a := write(t, "small", dtype.BF16, 1<<20, 42)
+	b := write(t, "small", dtype.BF16, 1<<20, 42)
+	c := write(t, "small", dtype.BF16, 1<<20, 43)
+	idx, err := checkpoint.ReadIndex(a)
+	if err != nil {
+		t.Fatalf("1 MiB shards did not produce an index: %v", err)
+	}
+	if len(idx.Shards()) < 2 {
+		t.Fatalf("only %d shard", len(idx.Shards()))
+	}
+	for _, shard := range idx.Shards() {
+		x, _ := os.ReadFile(filepath.Join(a, shard))
+		y, _ := os.ReadFile(filepath.Join(b, shard))
+		z, _ := os.ReadFile(filepath.Join(c, shard))
+		if !bytes.Equal(x, y) {
+			t.Fatalf("%s differs between two runs with one seed", shard)
+		}
+		if bytes.Equal(x, z) {
+			t.Fatalf("%s is identical for two seeds", shard)
+		}
+	}
+	if _, err := tokenizer.Load(a); err != nil {
+		t.Fatalf("synthetic tokenizer does not load: %v", err)
+	}
+	pool := kernels.NewPool(1)
+	defer pool.Close()
+	m, ck, err := checkpoint.LoadModel(a, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	if m.Weights().Layers[0].Q.DType != dtype.BF16 {
+		t.Fatal("bf16 checkpoint did not load as bf16")
+	}
+}
+
+func TestRejectsBadOptions(t *testing.T) {
+	dir := t.TempDir()
+	if err := Write(context.Background(), filepath.Join(dir, "a"), Options{Preset: "tiny", DType: dtype.I8}); err == nil {
+		t.Fatal("accepted an integer dtype")
+	}
+	if err := Write(context.Background(), filepath.Join(dir, "b"), Options{Preset: "7b", DType: dtype.F32}); err == nil {
+		t.Fatal("accepted an unknown preset")
+	}
+}
+
+func lastLogits(t testing.TB, m *model.Model, tokens []int32) []float32 {
+	t.Helper()
+	kv, err := kvcache.New(m.KVShape(), (len(tokens)+kvcache.BlockSize-1)/kvcache.BlockSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table, _ := kv.Grow(nil, len(tokens))
+	b := &model.Batch{Tokens: tokens, Positions: make([]int32, len(tokens)), Seqs: make([]int32, len(tokens)),
+		BlockTables: [][]int32{table}, LogitRows: []int{len(tokens) - 1}}
+	for i := range tokens {
+		b.Positions[i] = int32(i)
+	}
+	logits := make([]float32, m.Config().VocabSize)
+	if err := m.Forward(b, kv, logits); err != nil {
+		t.Fatal(err)
+	}
+	return logits
+}
+
+func TestFP8Synthetic100MAgreesWithF32(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes a 400 MB checkpoint")
+	}
+	f32 := write(t, "100m", dtype.F32, 0, 9)
+	fp8 := write(t, "100m", dtype.F8E4M3, 0, 9)
+	pool := kernels.NewPool(0)
+	defer pool.Close()
+	a, ca, err := checkpoint.LoadModel(f32, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca.Close()
+	b, cb, err := checkpoint.LoadModel(fp8, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cb.Close()
+	tok, err := tokenizer.Load(f32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := tok.Encode("The quick brown fox jumps over the lazy dog, and then it runs away.", true)
+	x, y := lastLogits(t, a, prompt), lastLogits(t, b, prompt)
+	var dot, nx, ny float64
+	for i := range x {
+		dot += float64(x[i]) * float64(y[i])
+		nx += float64(x[i]) * float64(x[i])
+		ny += float64(y[i]) * float64(y[i])
+	}
+	cos := dot / math.Sqrt(nx*ny)
+	t.Logf("100m FP8 vs F32 first-step cosine %.5f", cos)
+	if cos < 0.99 {
+		t.Fatalf("cosine %.5f < 0.99", cos)
+	}
+}
+
+// BenchmarkDecode measures one-sequence decode on a synthetic model
+// (STOKE_BENCH_PRESET, default 100m): tokens/s and the weight bandwidth it
+// reaches, to compare with the machine's memory bandwidth.
+func BenchmarkDecode(b *testing.B) {
+	preset := os.Getenv("STOKE_BENCH_PRESET")
+	if preset == "" {
+		preset = "100m"
+	}
+	for _, d := range []dtype.DType{dtype.F32, dtype.BF16, dtype.F8E4M3} {
+		b.Run(preset+"/"+d.String(), func(b *testing.B) {
+			dir := write(b, preset, d, 0, 1)
+			pool := kernels.NewPool(0)
+			defer pool.Close()
+			m, ck, err := checkpoint.LoadModel(dir, pool)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ck.Close()
+			var weightBytes int64
+			w := m.Weights()
+			for _, l := range w.Layers {
+				for _, mat := range []*kernels.Matrix{l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down} {
+					weightBytes += mat.WeightBytes()
+				}
+			}
+			weightBytes += w.LMHead.WeightBytes()
+			const ctx = 256
+			kv, _ := kvcache.New(m.KVShape(), ctx/kvcache.BlockSize)
+			table, _ := kv.Grow(nil, ctx)
+			logits := make([]float32, m.Config().VocabSize)
+			batch := &model.Batch{Tokens: []int32{1}, Positions: []int32{0}, Seqs: []int32{0}, BlockTables: [][]int32{table}, LogitRows: []int{0}}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				batch.Positions[0] = int32(i % ctx)
+				batch.Tokens[0] = int32(i % 100)
+				if err := m.Forward(batch, kv, logits); err != nil {
+					b.Fatal(err)
+				}
+			}
+			perToken := b.Elapsed().Seconds() / float64(b.N)
+			b.ReportMetric(1/perToken, "tokens/s")
+			b.ReportMetric(float64(weightBytes)/perToken/1e9, "weight-GB/s")
+		})
+	}
+}
