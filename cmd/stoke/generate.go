@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -128,7 +129,8 @@ func runGenerate(cmd *cobra.Command, f generateFlags) error {
 		fmt.Fprintln(cmd.OutOrStdout(), formatIDs(res.IDs))
 	}
 	slog.Info("generated", "prompt_tokens", len(prompt), "tokens", len(res.IDs), "finish", res.FinishReason,
-		"prefill", res.PrefillTime.Round(1e5), "decode_tokens_per_second", fmt.Sprintf("%.1f", out.TokensPerSecond))
+		"prefill", res.PrefillTime.Round(1e5), "decode_tokens_per_second", fmt.Sprintf("%.1f", out.TokensPerSecond),
+		"max_rss_mib", maxRSSMiB())
 	return nil
 }
 
@@ -152,3 +154,11 @@ func formatIDs(ids []int32) string {
 	return strings.Join(parts, ",")
 }
 
+// maxRSSMiB is the process's peak resident memory, mapped weights included.
+func maxRSSMiB() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return -1
+	}
+	return ru.Maxrss >> 10
+}

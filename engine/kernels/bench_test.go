@@ -14,12 +14,12 @@ var benchShapes = []struct {
 	n, rows, cols int
 	naive         bool // also time MatMulNaive (skipped where it takes seconds)
 }{
-	{name: "gemv/n=1/64x172", n: 1, rows: 64, cols: 172, naive: true},
-	{name: "gemv/n=1/768x2048", n: 1, rows: 768, cols: 2048, naive: true},
-	{name: "gemv/n=1/4096x4096", n: 1, rows: 4096, cols: 4096, naive: true},
-	{name: "gemv/n=1/14336x4096", n: 1, rows: 14336, cols: 4096},
-	{name: "gemm/n=64/1024x1024", n: 64, rows: 1024, cols: 1024, naive: true},
-	{name: "gemm/n=64/4096x4096", n: 64, rows: 4096, cols: 4096},
+	{name: "gemv_n1_64x172", n: 1, rows: 64, cols: 172, naive: true},
+	{name: "gemv_n1_768x2048", n: 1, rows: 768, cols: 2048, naive: true},
+	{name: "gemv_n1_4096x4096", n: 1, rows: 4096, cols: 4096, naive: true},
+	{name: "gemv_n1_14336x4096", n: 1, rows: 14336, cols: 4096},
+	{name: "gemm_n64_1024x1024", n: 64, rows: 1024, cols: 1024, naive: true},
+	{name: "gemm_n64_4096x4096", n: 64, rows: 4096, cols: 4096},
 }
 
 var benchKinds = []weightKind{
@@ -42,12 +42,20 @@ func reportMatMul(b *testing.B, n int, w *Matrix) {
 func BenchmarkMatMul(b *testing.B) {
 	for _, k := range benchKinds {
 		for _, s := range benchShapes {
-			rng := rand.New(rand.NewPCG(1, 2))
-			w := newMatrix(rng, k, s.rows, s.cols)
-			x := randomVector(rng, s.n*s.cols)
-			out := make([]float32, s.n*s.rows)
+			// Built on first use, so that filtered-out shapes cost nothing.
+			var w *Matrix
+			var x, out []float32
+			setup := func() {
+				if w == nil {
+					rng := rand.New(rand.NewPCG(1, 2))
+					w = newMatrix(rng, k, s.rows, s.cols)
+					x = randomVector(rng, s.n*s.cols)
+					out = make([]float32, s.n*s.rows)
+				}
+			}
 			for _, threads := range []int{1, 2} {
 				b.Run(fmt.Sprintf("%s/%s/threads=%d", k.name, s.name, threads), func(b *testing.B) {
+					setup()
 					p := NewPool(threads)
 					defer p.Close()
 					b.SetBytes(w.WeightBytes())
@@ -59,6 +67,7 @@ func BenchmarkMatMul(b *testing.B) {
 			}
 			if s.naive {
 				b.Run(fmt.Sprintf("%s/%s/naive", k.name, s.name), func(b *testing.B) {
+					setup()
 					b.SetBytes(w.WeightBytes())
 					for b.Loop() {
 						MatMulNaive(out, x, s.n, w)
@@ -121,4 +130,34 @@ func BenchmarkVector(b *testing.B) {
 		}
 	})
 	_ = sink
+}
+
+// BenchmarkKernelSets compares the implementations this build and CPU can
+// run (portable Go, AVX2, AVX-512) on one thread.
+func BenchmarkKernelSets(b *testing.B) {
+	shapes := []struct {
+		name          string
+		n, rows, cols int
+	}{
+		{"gemv_n1_4096x4096", 1, 4096, 4096},
+		{"gemm_n64_1024x1024", 64, 1024, 1024},
+	}
+	for _, k := range benchKinds {
+		for _, s := range shapes {
+			rng := rand.New(rand.NewPCG(1, 2))
+			w := newMatrix(rng, k, s.rows, s.cols)
+			x := randomVector(rng, s.n*s.cols)
+			out := make([]float32, s.n*s.rows)
+			for _, ks := range kernelSets() {
+				b.Run(fmt.Sprintf("%s/%s/%s", k.name, s.name, ks.name), func(b *testing.B) {
+					p := newPool(1, ks)
+					b.SetBytes(w.WeightBytes())
+					for b.Loop() {
+						p.MatMul(out, x, s.n, w)
+					}
+					reportMatMul(b, s.n, w)
+				})
+			}
+		}
+	}
 }

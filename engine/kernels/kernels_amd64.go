@@ -4,9 +4,9 @@ package kernels
 
 import "golang.org/x/sys/cpu"
 
-// asmKernels is the AVX-512 kernel set, or nil when the CPU lacks any of
-// the extensions it uses (F, BW, VL, DQ).
-var asmKernels = func() *kernelSet {
+// avx512Kernels is the AVX-512 kernel set, or nil when the CPU lacks any of
+// the extensions it uses (F, BW, VL, DQ, and FMA).
+var avx512Kernels = func() *kernelSet {
 	x := cpu.X86
 	if !(x.HasAVX512F && x.HasAVX512BW && x.HasAVX512VL && x.HasAVX512DQ && x.HasFMA) {
 		return nil
@@ -16,8 +16,10 @@ var asmKernels = func() *kernelSet {
 		f32Dot4x4:  f32Dot4x4Asm,
 		f32Dot1x4:  f32Dot1x4Asm,
 		dot:        dotAsm,
+		bf16Dot4x4: bf16Dot4x4Asm,
 		bf16Dot1x4: bf16Dot1x4Asm,
 		bf16Dot:    bf16DotAsm,
+		fp8Dot4x4:  fp8Dot4x4Asm,
 		fp8Dot1x4:  fp8Dot1x4Asm,
 		fp8Dot:     fp8DotAsm,
 		bf16ToF32:  bf16ToF32Asm,
@@ -29,8 +31,11 @@ var asmKernels = func() *kernelSet {
 
 // best is the fastest kernel set this build and CPU support.
 var best = func() *kernelSet {
-	if asmKernels != nil {
-		return asmKernels
+	switch {
+	case avx512Kernels != nil:
+		return avx512Kernels
+	case avx2Kernels != nil:
+		return avx2Kernels
 	}
 	return &genericKernels
 }()
@@ -52,6 +57,16 @@ func f32Dot1x4Asm(x, w []float32, ws, k int, out []float32) {
 func dotAsm(a, b []float32) float32 {
 	_ = b[len(a)-1]
 	return dotAVX512(&a[0], &b[0], len(a))
+}
+
+func bf16Dot4x4Asm(x []float32, xs int, w []uint16, ws, k int, out []float32, os int) {
+	_, _, _ = x[3*xs+k-1], w[3*ws+k-1], out[3*os+3]
+	bf16Dot4x4AVX512(&x[0], xs, &w[0], ws, k, &out[0], os)
+}
+
+func fp8Dot4x4Asm(x []float32, xs int, w []uint8, ws, k int, out []float32, os int) {
+	_, _, _ = x[3*xs+k-1], w[3*ws+k-1], out[3*os+3]
+	fp8Dot4x4AVX512(&x[0], xs, &w[0], ws, k, &out[0], os)
 }
 
 func bf16Dot1x4Asm(x []float32, w []uint16, ws, k int, out []float32) {
@@ -110,6 +125,12 @@ func f32Dot1x4AVX512(x *float32, w *float32, ws int, k int, out *float32)
 
 //go:noescape
 func dotAVX512(a *float32, b *float32, n int) float32
+
+//go:noescape
+func bf16Dot4x4AVX512(x *float32, xs int, w *uint16, ws int, k int, out *float32, os int)
+
+//go:noescape
+func fp8Dot4x4AVX512(x *float32, xs int, w *uint8, ws int, k int, out *float32, os int)
 
 //go:noescape
 func bf16Dot1x4AVX512(x *float32, w *uint16, ws int, k int, out *float32)

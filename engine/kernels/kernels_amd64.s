@@ -80,6 +80,54 @@
 	VFMADD231PS Z22, Z16, Z2; VFMADD231PS Z22, Z17, Z6; VFMADD231PS Z22, Z18, Z10; VFMADD231PS Z22, Z19, Z14; \
 	VFMADD231PS Z23, Z16, Z3; VFMADD231PS Z23, Z17, Z7; VFMADD231PS Z23, Z18, Z11; VFMADD231PS Z23, Z19, Z15
 
+// STORE4x4 reduces the 16 accumulators and stores row t's four sums at
+// DI + t*DX. Clobbers Y16-Y19.
+#define STORE4x4 \
+	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0); \
+	VMOVUPS X0, (DI); \
+	ADDQ    DX, DI; \
+	REDUCE4(Z4, Z5, Z6, Z7, Y4, Y5, Y6, Y7, X4); \
+	VMOVUPS X4, (DI); \
+	ADDQ    DX, DI; \
+	REDUCE4(Z8, Z9, Z10, Z11, Y8, Y9, Y10, Y11, X8); \
+	VMOVUPS X8, (DI); \
+	ADDQ    DX, DI; \
+	REDUCE4(Z12, Z13, Z14, Z15, Y12, Y13, Y14, Y15, X12); \
+	VMOVUPS X12, (DI)
+
+// LOADX4 loads 16 columns of the four x rows SI, R9, R10, R11 at column
+// BX into Z16-Z19.
+#define LOADX4 \
+	VMOVUPS (SI)(BX*4), Z16; \
+	VMOVUPS (R9)(BX*4), Z17; \
+	VMOVUPS (R10)(BX*4), Z18; \
+	VMOVUPS (R11)(BX*4), Z19
+
+// LOADX4TAIL is LOADX4 for the last columns, masked by K1.
+#define LOADX4TAIL \
+	VMOVUPS.Z (SI)(BX*4), K1, Z16; \
+	VMOVUPS.Z (R9)(BX*4), K1, Z17; \
+	VMOVUPS.Z (R10)(BX*4), K1, Z18; \
+	VMOVUPS.Z (R11)(BX*4), K1, Z19
+
+// ROWS4 sets up four x row pointers (SI, R9, R10, R11; stride xs floats)
+// and four w row pointers (DI, R12, R13, R8; stride ws elements of wsize
+// bytes), and CX = k, for the 4x4 kernels. Clobbers BX, DX.
+#define ROWS4(wshift) \
+	MOVQ x+0(FP), SI; \
+	MOVQ xs+8(FP), BX; \
+	MOVQ w+16(FP), DI; \
+	MOVQ ws+24(FP), DX; \
+	MOVQ k+32(FP), CX; \
+	SHLQ $2, BX; \
+	SHLQ $wshift, DX; \
+	LEAQ (SI)(BX*1), R9; \
+	LEAQ (SI)(BX*2), R10; \
+	LEAQ (R9)(BX*2), R11; \
+	LEAQ (DI)(DX*1), R12; \
+	LEAQ (DI)(DX*2), R13; \
+	LEAQ (R12)(DX*2), R8
+
 // func f32Dot4x4AVX512(x *float32, xs int, w *float32, ws int, k int, out *float32, os int)
 // out[t*os+r] += Σ_j x[t*xs+j] * w[r*ws+j] for t, r < 4.
 TEXT ·f32Dot4x4AVX512(SB), NOSPLIT, $0-56
@@ -684,5 +732,95 @@ sctail:
 	VMOVUPS   Z0, K1, (DI)(BX*4)
 
 scdone:
+	VZEROUPPER
+	RET
+
+// func bf16Dot4x4AVX512(x *float32, xs int, w *uint16, ws int, k int, out *float32, os int)
+// out[t*os+r] = Σ_j x[t*xs+j] * bf16(w[r*ws+j]) for t, r < 4: each
+// decoded W vector serves four x rows.
+TEXT ·bf16Dot4x4AVX512(SB), NOSPLIT, $0-56
+	ROWS4(1)
+	ZERO16
+	XORQ BX, BX           // column index
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	JZ   b44tail
+
+b44loop:
+	LOADX4
+	BF16((DI)(BX*2), Z20)
+	BF16((R12)(BX*2), Z21)
+	BF16((R13)(BX*2), Z22)
+	BF16((R8)(BX*2), Z23)
+	F44FMA
+	ADDQ $16, BX
+	CMPQ BX, AX
+	JB   b44loop
+
+b44tail:
+	ANDQ $15, CX
+	JZ   b44reduce
+	TAILMASK
+	LOADX4TAIL
+	VMOVDQU16.Z (DI)(BX*2), K1, Y20
+	VMOVDQU16.Z (R12)(BX*2), K1, Y21
+	VMOVDQU16.Z (R13)(BX*2), K1, Y22
+	VMOVDQU16.Z (R8)(BX*2), K1, Y23
+	BF16(Y20, Z20)
+	BF16(Y21, Z21)
+	BF16(Y22, Z22)
+	BF16(Y23, Z23)
+	F44FMA
+
+b44reduce:
+	MOVQ out+40(FP), DI
+	MOVQ os+48(FP), DX
+	SHLQ $2, DX
+	STORE4x4
+	VZEROUPPER
+	RET
+
+// func fp8Dot4x4AVX512(x *float32, xs int, w *uint8, ws int, k int, out *float32, os int)
+// out[t*os+r] = Σ_j x[t*xs+j] * fp8(w[r*ws+j]) / 256 for t, r < 4.
+TEXT ·fp8Dot4x4AVX512(SB), NOSPLIT, $0-56
+	ROWS4(0)
+	FP8MASK
+	ZERO16
+	XORQ BX, BX           // column index
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	JZ   e44tail
+
+e44loop:
+	LOADX4
+	FP8((DI)(BX*1), Y20, Z20)
+	FP8((R12)(BX*1), Y21, Z21)
+	FP8((R13)(BX*1), Y22, Z22)
+	FP8((R8)(BX*1), Y23, Z23)
+	F44FMA
+	ADDQ $16, BX
+	CMPQ BX, AX
+	JB   e44loop
+
+e44tail:
+	ANDQ $15, CX
+	JZ   e44reduce
+	TAILMASK
+	LOADX4TAIL
+	VMOVDQU8.Z (DI)(BX*1), K1, X20
+	VMOVDQU8.Z (R12)(BX*1), K1, X21
+	VMOVDQU8.Z (R13)(BX*1), K1, X22
+	VMOVDQU8.Z (R8)(BX*1), K1, X23
+	FP8(X20, Y20, Z20)
+	FP8(X21, Y21, Z21)
+	FP8(X22, Y22, Z22)
+	FP8(X23, Y23, Z23)
+	F44FMA
+
+e44reduce:
+	MOVQ out+40(FP), DI
+	MOVQ os+48(FP), DX
+	SHLQ $2, DX
+	STORE4x4
 	VZEROUPPER
 	RET

@@ -22,10 +22,14 @@ type kernelSet struct {
 	f32Dot1x4 func(x, w []float32, ws, k int, out []float32)
 	// dot returns Σ a[j]*b[j]; len(a) == len(b).
 	dot func(a, b []float32) float32
+	// bf16Dot4x4 stores Σ_j x[t*xs+j]*W[r][j] into out[t*os+r] for t, r < 4.
+	bf16Dot4x4 func(x []float32, xs int, w []uint16, ws, k int, out []float32, os int)
 	// bf16Dot1x4 stores Σ_j x[j]*W[r][j] into out[r] for r < 4.
 	bf16Dot1x4 func(x []float32, w []uint16, ws, k int, out []float32)
 	// bf16Dot returns Σ x[j]*W[j]; len(x) == len(w).
 	bf16Dot func(x []float32, w []uint16) float32
+	// fp8Dot4x4 stores the raw FP8 dot products into out[t*os+r] for t, r < 4.
+	fp8Dot4x4 func(x []float32, xs int, w []uint8, ws, k int, out []float32, os int)
 	// fp8Dot1x4 stores the raw FP8 dot products into out[r] for r < 4.
 	fp8Dot1x4 func(x []float32, w []uint8, ws, k int, out []float32)
 	// fp8Dot returns the raw FP8 dot product; len(x) == len(w).
@@ -44,14 +48,16 @@ type kernelSet struct {
 const fp8Unit = 256
 
 // genericKernels is the portable implementation, used by purego builds, on
-// other architectures and on CPUs without AVX-512.
+// other architectures and on CPUs without AVX2.
 var genericKernels = kernelSet{
 	name:       "go",
 	f32Dot4x4:  f32Dot4x4Go,
 	f32Dot1x4:  f32Dot1x4Go,
 	dot:        dotGo,
+	bf16Dot4x4: bf16Dot4x4Go,
 	bf16Dot1x4: bf16Dot1x4Go,
 	bf16Dot:    bf16DotGo,
+	fp8Dot4x4:  fp8Dot4x4Go,
 	fp8Dot1x4:  fp8Dot1x4Go,
 	fp8Dot:     fp8DotGo,
 	bf16ToF32:  bf16ToF32Go,
@@ -108,6 +114,18 @@ func dotGo(a, b []float32) float32 {
 }
 
 func bf16(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
+
+func bf16Dot4x4Go(x []float32, xs int, w []uint16, ws, k int, out []float32, os int) {
+	for t := 0; t < 4; t++ {
+		bf16Dot1x4Go(x[t*xs:], w, ws, k, out[t*os:])
+	}
+}
+
+func fp8Dot4x4Go(x []float32, xs int, w []uint8, ws, k int, out []float32, os int) {
+	for t := 0; t < 4; t++ {
+		fp8Dot1x4Go(x[t*xs:], w, ws, k, out[t*os:])
+	}
+}
 
 func bf16Dot1x4Go(x []float32, w []uint16, ws, k int, out []float32) {
 	x = x[:k]

@@ -84,12 +84,17 @@ func randomVector(rng *rand.Rand, n int) []float32 {
 // magnitudes returns Σ_j |x[t][j] * W[i][j]| for every output, the scale
 // against which rounding differences are judged.
 func magnitudes(x []float32, n int, w *Matrix) []float64 {
+	row := make([]float32, w.Cols)
 	mag := make([]float64, n*w.Rows)
-	for t := 0; t < n; t++ {
-		for i := 0; i < w.Rows; i++ {
+	for i := 0; i < w.Rows; i++ {
+		if err := w.DequantizeRow(row, i); err != nil {
+			panic(err)
+		}
+		for t := 0; t < n; t++ {
+			xt := x[t*w.Cols : (t+1)*w.Cols]
 			var s float64
-			for j := 0; j < w.Cols; j++ {
-				s += math.Abs(float64(x[t*w.Cols+j]) * float64(w.At(i, j)))
+			for j, v := range row {
+				s += math.Abs(float64(xt[j]) * float64(v))
 			}
 			mag[t*w.Rows+i] = s
 		}
@@ -112,8 +117,10 @@ func closeTo(got, want []float32, mag []float64) error {
 // kernelSets lists the implementations this build can run.
 func kernelSets() []*kernelSet {
 	sets := []*kernelSet{&genericKernels}
-	if asmKernels != nil {
-		sets = append(sets, asmKernels)
+	for _, ks := range []*kernelSet{avx2Kernels, avx512Kernels} {
+		if ks != nil {
+			sets = append(sets, ks)
+		}
 	}
 	return sets
 }
@@ -122,62 +129,75 @@ func TestMatMulMatchesNaive(t *testing.T) {
 	ns := []int{1, 2, 3, 5, 17}
 	rowsList := []int{1, 4, 7, 130, 257}
 	colsList := []int{1, 8, 15, 16, 172, 300, 1024}
-	var pools []*Pool
-	for _, ks := range kernelSets() {
-		for _, threads := range []int{1, 2} {
-			p := newPool(threads, ks)
-			defer p.Close()
-			pools = append(pools, p)
-		}
+	type testCase struct {
+		w        *Matrix
+		n        int
+		x, want  []float32
+		mag      []float64
+		firstGot []float32 // from the first kernel set, to compare the others with
 	}
 	for ki, k := range weightKinds {
 		t.Run(k.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(ki), 1))
-			failures := 0
+			var cases []*testCase
 			for _, rows := range rowsList {
 				for _, cols := range colsList {
 					w := newMatrix(rng, k, rows, cols)
 					for _, n := range ns {
-						x := randomVector(rng, n*cols)
-						want := make([]float32, n*rows)
-						MatMulNaive(want, x, n, w)
-						mag := magnitudes(x, n, w)
-						var results [][]float32
-						for _, p := range pools {
-							got := make([]float32, n*rows)
-							for i := range got {
-								got[i] = float32(math.NaN()) // must be overwritten
-							}
-							p.MatMul(got, x, n, w)
-							results = append(results, got)
-							if err := closeTo(got, want, mag); err != nil {
-								t.Errorf("%s threads=%d n=%d %dx%d: %v", p.ks.name, p.threads, n, rows, cols, err)
-								failures++
-							}
+						c := &testCase{w: w, n: n, x: randomVector(rng, n*cols), want: make([]float32, n*rows)}
+						MatMulNaive(c.want, c.x, n, w)
+						c.mag = magnitudes(c.x, n, w)
+						cases = append(cases, c)
+					}
+				}
+			}
+			failures := 0
+			for si, ks := range kernelSets() {
+				for _, threads := range []int{1, 2} {
+					p := newPool(threads, ks) // one at a time: idle workers poll
+					for _, c := range cases {
+						got := make([]float32, len(c.want))
+						for i := range got {
+							got[i] = float32(math.NaN()) // must be overwritten
+						}
+						p.MatMul(got, c.x, c.n, c.w)
+						where := fmt.Sprintf("%s threads=%d n=%d %dx%d", ks.name, threads, c.n, c.w.Rows, c.w.Cols)
+						if err := closeTo(got, c.want, c.mag); err != nil {
+							t.Errorf("%s: %v", where, err)
+							failures++
 						}
 						// The assembly and the portable kernels agree.
-						if err := closeTo(results[len(results)-1], results[0], mag); err != nil {
-							t.Errorf("%s vs %s n=%d %dx%d: %v", pools[len(pools)-1].ks.name, pools[0].ks.name, n, rows, cols, err)
+						if si == 0 && threads == 1 {
+							c.firstGot = got
+						} else if err := closeTo(got, c.firstGot, c.mag); err != nil {
+							t.Errorf("%s vs %s: %v", where, kernelSets()[0].name, err)
 							failures++
 						}
 						if failures > 10 {
+							p.Close()
 							t.Fatal("too many failures")
 						}
 					}
+					p.Close()
 				}
 			}
 		})
 	}
 }
 
-func TestMatMulLongRows(t *testing.T) {
-	// Cols beyond maxUnblockedK exercise the column blocking of the tiled
-	// path; n=6 mixes 4x4 and 1x4 tiles.
-	for ki, k := range []weightKind{weightKinds[0], weightKinds[1], weightKinds[4]} {
+func TestMatMulBlocking(t *testing.T) {
+	// Enough x to exceed xBlockBytes: F32 is split into column blocks of
+	// kBlock and two x blocks; BF16 and FP8 into three x blocks. Rows = 9
+	// leaves a row after the 4-row tiles, n = 133 an x row after the 4x4
+	// tiles.
+	const n, rows, cols = 133, 9, 2*kBlock + 37
+	if n*cols*4 <= xBlockBytes {
+		t.Fatal("shape does not exercise blocking")
+	}
+	for ki, k := range []weightKind{weightKinds[0], weightKinds[1], weightKinds[2], weightKinds[5]} {
 		for _, ks := range kernelSets() {
 			t.Run(k.name+"/"+ks.name, func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(ki), 2))
-				const n, rows, cols = 6, 9, 2*kBlock + 37
 				w := newMatrix(rng, k, rows, cols)
 				x := randomVector(rng, n*cols)
 				want := make([]float32, n*rows)
@@ -191,6 +211,45 @@ func TestMatMulLongRows(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+func TestDequantizeRow(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, k := range weightKinds {
+		w := newMatrix(rng, k, 5, 300)
+		dst := make([]float32, 301)
+		for i := 0; i < w.Rows; i++ {
+			dst[300] = 99
+			if err := w.DequantizeRow(dst, i); err != nil {
+				t.Fatalf("%s: DequantizeRow(%d) = %v", k.name, i, err)
+			}
+			for j := 0; j < w.Cols; j++ {
+				if dst[j] != w.At(i, j) {
+					t.Fatalf("%s: row %d col %d = %g, want %g", k.name, i, j, dst[j], w.At(i, j))
+				}
+			}
+			if dst[300] != 99 {
+				t.Fatalf("%s: DequantizeRow wrote past Cols", k.name)
+			}
+		}
+	}
+	w := newMatrix(rng, weightKinds[0], 5, 3)
+	for _, tc := range []struct {
+		dst  []float32
+		row  int
+		want string
+	}{
+		{make([]float32, 3), 5, "row out of range"},
+		{make([]float32, 3), -1, "row out of range"},
+		{make([]float32, 2), 0, "dst has 2 elements"},
+	} {
+		if err := w.DequantizeRow(tc.dst, tc.row); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("DequantizeRow(len %d, %d) = %v, want an error containing %q", len(tc.dst), tc.row, err, tc.want)
+		}
+	}
+	if err := (&Matrix{Rows: 1, Cols: 1, DType: dtype.F16}).DequantizeRow(make([]float32, 1), 0); err == nil {
+		t.Error("DequantizeRow on an F16 matrix succeeded")
 	}
 }
 

@@ -1,14 +1,3 @@
-// Package kernels holds the CPU compute kernels of the inference engine:
-// matrix multiplication against F32, BF16 and FP8 (E4M3FN) weights, and the
-// vector helpers that attention and normalisation use.
-//
-// Decode (one token) is a matrix-vector product bound by memory bandwidth;
-// prefill is a matrix-matrix product bound by arithmetic. Both run through
-// [Pool.MatMul], which splits the output rows across the pool's threads and
-// runs hand-written AVX-512 kernels on amd64 machines that have them. Builds
-// with the purego tag, other architectures and CPUs without AVX-512 use a
-// portable Go implementation that gives the same results within float
-// rounding.
 package kernels
 
 import (
@@ -83,24 +72,25 @@ func (m *Matrix) Validate() error {
 }
 
 func (m *Matrix) validateScales() error {
-	where := fmt.Sprintf("validate %dx%d %s matrix", m.Rows, m.Cols, m.DType)
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("validate %dx%d %s matrix: %s", m.Rows, m.Cols, m.DType, fmt.Sprintf(format, args...))
+	}
 	if m.BlockRows < 0 || m.BlockCols < 0 {
-		return fmt.Errorf("%s: BlockRows %d and BlockCols %d must not be negative", where, m.BlockRows, m.BlockCols)
+		return fail("BlockRows %d and BlockCols %d must not be negative", m.BlockRows, m.BlockCols)
 	}
 	if (m.BlockRows > 0) != (m.BlockCols > 0) {
-		return fmt.Errorf("%s: BlockRows %d and BlockCols %d must be set together", where, m.BlockRows, m.BlockCols)
+		return fail("BlockRows %d and BlockCols %d must be set together", m.BlockRows, m.BlockCols)
 	}
 	if m.BlockRows > 0 {
 		want := ceilDiv(m.Rows, m.BlockRows) * ceilDiv(m.Cols, m.BlockCols)
 		if len(m.Scales) != want {
-			return fmt.Errorf("%s: Scales has %d elements, want %d for %dx%d blocks",
-				where, len(m.Scales), want, m.BlockRows, m.BlockCols)
+			return fail("Scales has %d elements, want %d for %dx%d blocks",
+				len(m.Scales), want, m.BlockRows, m.BlockCols)
 		}
 		return nil
 	}
 	if len(m.Scales) != 1 && len(m.Scales) != m.Rows {
-		return fmt.Errorf("%s: Scales has %d elements, want 1 (per tensor) or %d (per row)",
-			where, len(m.Scales), m.Rows)
+		return fail("Scales has %d elements, want 1 (per tensor) or %d (per row)", len(m.Scales), m.Rows)
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package kernels
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Pool runs kernels on a fixed number of threads: the calling goroutine plus
@@ -19,14 +21,20 @@ type Pool struct {
 	tasks  chan task
 	done   sync.WaitGroup // the workers
 
-	scratch sync.Pool // *[]float32 buffers for dequantised tiles and scaled inputs
+	scratch sync.Pool // *[]float32 buffers for inputs scaled by FP8 block scales
 }
 
 // task is one chunk [lo, hi) of a Parallel call.
 type task struct {
 	fn     func(lo, hi int)
 	lo, hi int
-	wg     *sync.WaitGroup
+	b      *batch
+}
+
+// batch tracks the chunks of one Parallel call that other goroutines run.
+type batch struct {
+	pending atomic.Int32   // chunks not finished, for the caller to poll
+	wg      sync.WaitGroup // the same count, for the caller to sleep on
 }
 
 // NewPool returns a pool of threads threads; threads <= 0 means
@@ -48,11 +56,42 @@ func newPool(threads int, ks *kernelSet) *Pool {
 	return p
 }
 
+// workerSpin is how long an idle worker polls for the next task before it
+// parks. Waking a parked worker (and its idle CPU) takes tens of
+// microseconds, as long as a whole mid-sized decode MatMul; a forward pass
+// hands out tasks far more often than that, so workers stay awake through
+// it and park soon after it ends. They yield while polling, so other
+// goroutines are not held up.
+const workerSpin = 200 * time.Microsecond
+
 func work(tasks <-chan task, done *sync.WaitGroup) {
 	defer done.Done()
-	for t := range tasks {
-		t.fn(t.lo, t.hi)
-		t.wg.Done()
+	for {
+		t, ok, got := poll(tasks)
+		if !got {
+			t, ok = <-tasks
+		}
+		if !ok {
+			return
+		}
+		t.run()
+	}
+}
+
+// poll receives from tasks for up to workerSpin; got is false if nothing
+// came.
+func poll(tasks <-chan task) (t task, ok, got bool) {
+	deadline := time.Now().Add(workerSpin)
+	for {
+		select {
+		case t, ok = <-tasks:
+			return t, ok, true
+		default:
+		}
+		if time.Now().After(deadline) {
+			return task{}, false, false
+		}
+		runtime.Gosched()
 	}
 }
 
@@ -107,12 +146,13 @@ func (p *Pool) parallel(count, grain, threads int, fn func(lo, hi int)) {
 	}
 	bound := func(c int) int { return min(count, c*grains/chunks*grain) }
 
-	var wg sync.WaitGroup
+	b := new(batch)
+	b.pending.Store(int32(chunks - 1))
+	b.wg.Add(chunks - 1)
 	var mine []task // chunks that could not be queued
-	wg.Add(chunks - 1)
 	p.mu.RLock()
 	for c := 1; c < chunks; c++ {
-		t := task{fn: fn, lo: bound(c), hi: bound(c + 1), wg: &wg}
+		t := task{fn: fn, lo: bound(c), hi: bound(c + 1), b: b}
 		if p.closed {
 			mine = append(mine, t)
 			continue
@@ -129,9 +169,17 @@ func (p *Pool) parallel(count, grain, threads int, fn func(lo, hi int)) {
 	for _, t := range mine {
 		t.run()
 	}
-	// Help with queued work (ours or another caller's) instead of sleeping,
-	// so that nested calls cannot deadlock waiting for busy workers.
-	for {
+	p.wait(b)
+}
+
+// wait returns when every chunk of b has run. It first polls, running
+// queued chunks (its own or another caller's) itself, so that nested calls
+// cannot deadlock and this goroutine keeps its thread: sleeping here would
+// let the finishing worker hand it over to another thread and leave this
+// one to park, which costs the next call a slow wake-up.
+func (p *Pool) wait(b *batch) {
+	deadline := time.Now().Add(workerSpin)
+	for i := 0; b.pending.Load() > 0; i++ {
 		select {
 		case t, ok := <-p.tasks:
 			if ok {
@@ -140,14 +188,22 @@ func (p *Pool) parallel(count, grain, threads int, fn func(lo, hi int)) {
 			}
 		default:
 		}
-		break
+		if i%64 == 63 {
+			if time.Now().After(deadline) {
+				break
+			}
+			// Let a worker that was woken onto this thread run, should
+			// no other thread be free to take it.
+			runtime.Gosched()
+		}
 	}
-	wg.Wait()
+	b.wg.Wait()
 }
 
 func (t task) run() {
 	t.fn(t.lo, t.hi)
-	t.wg.Done()
+	t.b.pending.Add(-1)
+	t.b.wg.Done()
 }
 
 // getScratch returns a buffer of at least n floats; putScratch recycles it.

@@ -59,6 +59,25 @@ func TestAXPYAndScale(t *testing.T) {
 				t.Fatalf("Scale(len %d): y[%d] = %g, want %g", n, i, got[i], alpha*y[i])
 			}
 		}
+		if n == 0 {
+			continue
+		}
+		for _, ks := range kernelSets() {
+			got = append([]float32(nil), y[:n]...)
+			ks.axpy(got, alpha, x)
+			for i := range got {
+				if math.Abs(float64(got[i]-want[i])) > 1e-6 {
+					t.Fatalf("%s axpy(len %d): y[%d] = %g, want %g", ks.name, n, i, got[i], want[i])
+				}
+			}
+			got = append([]float32(nil), y[:n]...)
+			ks.scale(got, alpha)
+			for i := range got {
+				if got[i] != alpha*y[i] {
+					t.Fatalf("%s scale(len %d): y[%d] = %g, want %g", ks.name, n, i, got[i], alpha*y[i])
+				}
+			}
+		}
 	}
 }
 
@@ -81,9 +100,9 @@ func TestFP8DecodeIsExact(t *testing.T) {
 			}
 		}
 	}
-	if asmKernels != nil {
+	if avx512Kernels != nil {
 		dst := make([]float32, 2)
-		asmKernels.fp8ToF32(dst, []uint8{0x7f, 0xff}, fp8Unit)
+		avx512Kernels.fp8ToF32(dst, []uint8{0x7f, 0xff}, fp8Unit)
 		if dst[0] != 480 || dst[1] != -480 {
 			t.Errorf("asm decodes NaN codes as %g, %g; the documented value is ±480", dst[0], dst[1])
 		}

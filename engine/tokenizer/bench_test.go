@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -76,4 +77,16 @@ func FuzzRoundTrip(f *testing.F) {
 			}
 		}
 	})
+}
+
+func BenchmarkSynthesize(b *testing.B) {
+	for _, n := range []int{32000, 128256} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			for b.Loop() {
+				if _, _, err := Synthesize(n, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -55,10 +55,10 @@ type jsonComponent struct {
 	StripLeft        *bool           `json:"strip_left"`
 	StripRight       *bool           `json:"strip_right"`
 
-	Single        json.RawMessage            `json:"single"`
+	Single        json.RawMessage             `json:"single"`
 	SpecialTokens map[string]jsonSpecialToken `json:"special_tokens"`
-	Cls           []json.RawMessage          `json:"cls"`
-	Sep           []json.RawMessage          `json:"sep"`
+	Cls           []json.RawMessage           `json:"cls"`
+	Sep           []json.RawMessage           `json:"sep"`
 }
 
 type jsonSpecialToken struct {
@@ -97,7 +97,7 @@ func isNull(raw json.RawMessage) bool {
 	return len(raw) == 0 || string(raw) == "null"
 }
 
-// tokenizerError names the tokenizer.json field a problem was found in.
+// fieldErr names the tokenizer.json field a problem was found in.
 func fieldErr(field string, format string, args ...any) error {
 	return fmt.Errorf("tokenizer.json: %s: %s", field, fmt.Sprintf(format, args...))
 }
@@ -164,6 +164,9 @@ func build(tj, cfgJSON []byte, extraTemplate string) (*Tokenizer, error) {
 		})
 	}
 	n := int(maxID + 1)
+	if tokens := len(t.model.vocab) + len(added); n > 2*tokens+4096 {
+		return nil, fieldErr("model.vocab", "ids up to %d for only %d tokens", maxID, tokens)
+	}
 	t.idToToken = make([]string, n)
 	t.hasToken = make([]bool, n)
 	t.special = make([]bool, n)

@@ -176,9 +176,10 @@ func (t *Tokenizer) IsSpecial(id int32) bool {
 func (t *Tokenizer) BOS() (int32, bool) { return t.bos, t.hasBOS }
 
 // EOS lists the tokens that end generation: tokenizer_config.json's
-// eos_token plus end-of-turn tokens (<|eot_id|>, <|im_end|>, ...) that the
-// chat template or config names. Without a config it falls back to
-// well-known end tokens present in the vocabulary. The slice is a copy.
+// eos_token, the end-of-text special tokens the tokenizer has
+// (<|end_of_text|>, <|endoftext|>, </s>) and the end-of-turn special tokens
+// (<|eot_id|>, <|eom_id|>, <|im_end|>, ...) that the chat template names —
+// all of them when there is no config. The slice is a copy.
 func (t *Tokenizer) EOS() []int32 { return append([]int32(nil), t.eos...) }
 
 // addedToken is an entry of tokenizer.json's added_tokens.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -414,6 +415,8 @@ func TestChatTemplate(t *testing.T) {
 	broken := newSP(t, spOptions{}, `{"chat_template": "{% for m in messages %}{{ m.content }"}`)
 	listForm := newSP(t, spOptions{}, `{"chat_template": [{"name": "tool_use", "template": "TOOLS"}, {"name": "default", "template": "{{ messages | length }} messages"}]}`)
 	raising := newSP(t, spOptions{}, `{"chat_template": "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok"}`)
+	llama2 := newSP(t, spOptions{}, string(mustJSON(t, map[string]any{"bos_token": "<s>", "eos_token": "</s>", "chat_template": llama2ChatTemplate})))
+	chatml := newSP(t, spOptions{}, string(mustJSON(t, map[string]any{"chat_template": chatMLTemplate})))
 	msgs := []Message{{"system", "You are terse."}, {"user", "  Hi!  "}}
 	tests := []struct {
 		name   string
@@ -435,6 +438,9 @@ func TestChatTemplate(t *testing.T) {
 		{"fallback without generation prompt", plain, msgs[:1], false, "system: You are terse.\n", false},
 		{"fallback when template does not parse", broken, msgs[:1], false, "system: You are terse.\n", false},
 		{"named template list", listForm, msgs, false, "2 messages", true},
+		{"llama2 official", llama2, []Message{{"system", "Sys"}, {"user", " Hi "}, {"assistant", "Hello"}, {"user", "Bye"}}, true,
+			"<s>[INST] <<SYS>>\nSys\n<</SYS>>\n\n Hi [/INST] Hello </s><s>[INST] Bye [/INST]", true},
+		{"chatml", chatml, msgs[1:], true, "<|im_start|>user\n  Hi!  <|im_end|>\n<|im_start|>assistant\n", true},
 		{"raise_exception not triggered", raising, msgs[1:], false, "ok", true},
 	}
 	for _, tc := range tests {
@@ -457,6 +463,12 @@ func TestChatTemplate(t *testing.T) {
 			t.Fatalf("err = %v, want ErrTemplateException with the template's message", err)
 		}
 	})
+	t.Run("llama2 rejects non-alternating roles", func(t *testing.T) {
+		_, err := llama2.ApplyChatTemplate([]Message{{"user", "a"}, {"user", "b"}}, false)
+		if !errors.Is(err, ErrTemplateException) || !strings.Contains(err.Error(), "alternate") {
+			t.Fatalf("err = %v, want ErrTemplateException about alternation", err)
+		}
+	})
 	t.Run("rendered prompt encodes specials", func(t *testing.T) {
 		p, err := syn.ApplyChatTemplate(msgs[1:], true)
 		if err != nil {
@@ -472,6 +484,29 @@ func TestChatTemplate(t *testing.T) {
 			t.Fatalf("prompt round trip %q != %q", got, p)
 		}
 	})
+}
+
+// llama2ChatTemplate is Llama 2 Chat's template as shipped in its
+// tokenizer_config.json.
+const llama2ChatTemplate = `{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\n' + system_message + '\n<</SYS>>\n\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}`
+
+// chatMLTemplate is the ChatML template (Qwen and others).
+const chatMLTemplate = `{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}`
+
+func TestStrftime(t *testing.T) {
+	at := time.Date(2024, time.July, 5, 9, 3, 7, 0, time.UTC)
+	tests := []struct{ format, want string }{
+		{"%d %b %Y", "05 Jul 2024"},
+		{"%Y-%m-%d %H:%M:%S", "2024-07-05 09:03:07"},
+		{"%A %B %y", "Friday July 24"},
+		{"100%% %q", "100% %q"},
+		{"trailing %", "trailing %"},
+	}
+	for _, tc := range tests {
+		if got := strftime(at, tc.format); got != tc.want {
+			t.Errorf("strftime(%q) = %q, want %q", tc.format, got, tc.want)
+		}
+	}
 }
 
 func TestBadInput(t *testing.T) {
@@ -498,6 +533,7 @@ func TestBadInput(t *testing.T) {
 		{"unknown model type", with(func(m map[string]any) { model(m)["type"] = "WordPiece" }), nil, "model.type"},
 		{"vocab not a map", with(func(m map[string]any) { model(m)["vocab"] = []int{1} }), nil, "model.vocab"},
 		{"negative id", with(func(m map[string]any) { model(m)["vocab"] = map[string]int{"a": -1} }), nil, "model.vocab"},
+		{"sparse ids", with(func(m map[string]any) { model(m)["vocab"] = map[string]int{"a": 0, "b": 1 << 20, "ab": 2} }), nil, "ids up to"},
 		{"shared id", with(func(m map[string]any) { model(m)["vocab"] = map[string]int{"a": 0, "b": 0} }), nil, "share id"},
 		{"merge names unknown token", with(func(m map[string]any) { model(m)["merges"] = []string{"a c"} }), nil, `model.merges[0]: token "c"`},
 		{"merge result unknown", with(func(m map[string]any) { model(m)["merges"] = []string{"b a"} }), nil, `model.merges[0]: merged token "ba"`},
