@@ -5,7 +5,7 @@ BIN     := bin/stoke
 DATA    := .stoke
 DEMO    := $(DATA)/models/demo
 
-.PHONY: build run test test-race bench lint fuzz clean
+.PHONY: build run test bench lint fuzz clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/stoke

@@ -12,44 +12,16 @@ import (
 	"github.com/stokehq/stoke/internal/dtype"
 )
 
-// mapSource is an in-memory checkpoint.
-type mapSource map[string]Tensor
-
-func (m mapSource) Lookup(name string) (Tensor, bool) {
-	t, ok := m[name]
-	return t, ok
-}
-
 func testConfig() Config {
 	return Config{ModelType: "llama", HiddenSize: 48, IntermediateSize: 80, NumLayers: 2, NumHeads: 6, NumKVHeads: 2,
 		HeadDim: 8, VocabSize: 97, MaxPositionEmbeddings: 128, RMSNormEps: 1e-5, RopeTheta: 10000, HiddenAct: "silu",
 		TieWordEmbeddings: true}
 }
 
-// randomSource builds random F32 weights for cfg.
-func randomSource(t *testing.T, cfg Config, seed uint64) mapSource {
+// randomSource builds random F32 weights for cfg that a test may edit.
+func randomSource(t *testing.T, cfg Config, seed uint64) memorySource {
 	t.Helper()
-	rng := rand.New(rand.NewPCG(seed, 1))
-	src := mapSource{}
-	for _, ns := range cfg.TensorShapes() {
-		n := 1
-		for _, d := range ns.Shape {
-			n *= d
-		}
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(rng.NormFloat64() * 0.2)
-			if len(ns.Shape) == 1 {
-				v[i] += 1
-			}
-		}
-		b, err := dtype.FromFloat32(dtype.F32, v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		src[ns.Name] = Tensor{DType: dtype.F32, Shape: ns.Shape, Data: b, Source: "memory"}
-	}
-	return src
+	return RandomSource(cfg, seed, 0.2).(memorySource)
 }
 
 func newTestModel(t *testing.T, cfg Config, src TensorSource) *Model {
@@ -158,7 +130,7 @@ func TestGQAEqualsRepeatedHeads(t *testing.T) {
 	mha := cfg
 	mha.NumKVHeads = cfg.NumHeads
 	group := cfg.NumHeads / cfg.NumKVHeads
-	mhaSrc := mapSource{}
+	mhaSrc := memorySource{}
 	for name, tensor := range src {
 		mhaSrc[name] = tensor
 		if strings.HasSuffix(name, "k_proj.weight") || strings.HasSuffix(name, "v_proj.weight") {
@@ -187,35 +159,35 @@ func TestLoadRejectsBadCheckpoints(t *testing.T) {
 	cfg := testConfig()
 	for _, tc := range []struct {
 		name   string
-		mutate func(src mapSource, cfg *Config)
+		mutate func(src memorySource, cfg *Config)
 		want   string
 	}{
-		{"missing tensor", func(s mapSource, _ *Config) { delete(s, "model.layers.1.mlp.up_proj.weight") },
+		{"missing tensor", func(s memorySource, _ *Config) { delete(s, "model.layers.1.mlp.up_proj.weight") },
 			"tensor model.layers.1.mlp.up_proj.weight is missing"},
-		{"config disagrees", func(_ mapSource, c *Config) { c.IntermediateSize = 96 },
+		{"config disagrees", func(_ memorySource, c *Config) { c.IntermediateSize = 96 },
 			"model.layers.0.mlp.gate_proj.weight has shape [80 48], config.json implies [96 48]"},
-		{"short data", func(s mapSource, _ *Config) {
+		{"short data", func(s memorySource, _ *Config) {
 			t := s["model.norm.weight"]
 			t.Data = t.Data[:8]
 			s["model.norm.weight"] = t
 		}, "tensor model.norm.weight has 8 bytes"},
-		{"integer dtype", func(s mapSource, _ *Config) {
+		{"integer dtype", func(s memorySource, _ *Config) {
 			t := s["model.embed_tokens.weight"]
 			t.DType = dtype.I32
 			s["model.embed_tokens.weight"] = t
 		}, "has dtype I32"},
-		{"fp8 embedding", func(s mapSource, _ *Config) {
+		{"fp8 embedding", func(s memorySource, _ *Config) {
 			t := s["model.embed_tokens.weight"]
 			t.DType, t.Data = dtype.F8E4M3, t.Data[:len(t.Data)/4]
 			s["model.embed_tokens.weight"] = t
 		}, "only projection weights may be"},
-		{"fp8 without scale", func(s mapSource, _ *Config) {
+		{"fp8 without scale", func(s memorySource, _ *Config) {
 			t := s["model.layers.0.self_attn.q_proj.weight"]
 			t.DType, t.Data = dtype.F8E4M3, t.Data[:len(t.Data)/4]
 			s["model.layers.0.self_attn.q_proj.weight"] = t
 		}, "has neither model.layers.0.self_attn.q_proj.weight_scale_inv"},
-		{"untied head missing", func(_ mapSource, c *Config) { c.TieWordEmbeddings = false }, "tensor lm_head.weight is missing"},
-		{"bad heads", func(_ mapSource, c *Config) { c.NumKVHeads = 4 }, "not a multiple of num_key_value_heads"},
+		{"untied head missing", func(_ memorySource, c *Config) { c.TieWordEmbeddings = false }, "tensor lm_head.weight is missing"},
+		{"bad heads", func(_ memorySource, c *Config) { c.NumKVHeads = 4 }, "not a multiple of num_key_value_heads"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src, c := randomSource(t, cfg, 1), cfg
@@ -296,5 +268,77 @@ func TestForwardRejectsBadBatches(t *testing.T) {
 				t.Fatalf("error %v, want it to contain %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// quantizeScaled replaces every projection of src by FP8 with a
+// weight_scale of one value per row (perRow) or per tensor, and returns the
+// F32 source of the dequantised weights the FP8 model must reproduce.
+func quantizeScaled(t *testing.T, src memorySource, perRow bool) (fp8, reference memorySource) {
+	t.Helper()
+	fp8, reference = memorySource{}, memorySource{}
+	for name, tensor := range src {
+		fp8[name], reference[name] = tensor, tensor
+		if !IsProjection(name) {
+			continue
+		}
+		rows, cols := tensor.Shape[0], tensor.Shape[1]
+		w, _ := dtype.ToFloat32(dtype.F32, tensor.Data)
+		// One scale per row, or the same one repeated, stored as BF16.
+		scales := make([]float32, rows)
+		for i := range rows {
+			span := w
+			if perRow {
+				span = w[i*cols : (i+1)*cols]
+			}
+			var amax float32
+			for _, v := range span {
+				amax = max(amax, float32(math.Abs(float64(v))))
+			}
+			scales[i] = dtype.BF16ToF32(dtype.F32ToBF16(amax / dtype.E4M3Max))
+		}
+		q := make([]byte, len(w))
+		deq := make([]float32, len(w))
+		for i, v := range w {
+			q[i] = dtype.F32ToE4M3(v / scales[i/cols])
+			deq[i] = dtype.E4M3ToF32(q[i]) * scales[i/cols]
+		}
+		scaleShape, scaleValues := []int{rows, 1}, scales
+		if !perRow {
+			scaleShape, scaleValues = []int{}, scales[:1]
+		}
+		sb, _ := dtype.FromFloat32(dtype.BF16, scaleValues)
+		base := strings.TrimSuffix(name, ".weight")
+		fp8[name] = Tensor{DType: dtype.F8E4M3, Shape: tensor.Shape, Data: q}
+		fp8[base+".weight_scale"] = Tensor{DType: dtype.BF16, Shape: scaleShape, Data: sb}
+		db, _ := dtype.FromFloat32(dtype.F32, deq)
+		reference[name] = Tensor{DType: dtype.F32, Shape: tensor.Shape, Data: db}
+	}
+	return fp8, reference
+}
+
+func TestFP8WeightScaleCheckpoints(t *testing.T) {
+	cfg := testConfig()
+	tokens := []int32{3, 14, 15, 92, 65, 35, 89, 79, 32, 38}
+	for _, perRow := range []bool{true, false} {
+		fp8, reference := quantizeScaled(t, randomSource(t, cfg, 4), perRow)
+		m := newTestModel(t, cfg, fp8)
+		if m.Weights().Layers[1].Down.DType != dtype.F8E4M3 {
+			t.Fatal("projection did not load as FP8")
+		}
+		got, want := runAlone(t, m, tokens), runAlone(t, newTestModel(t, cfg, reference), tokens)
+		for i := range want {
+			if d := math.Abs(float64(got[i] - want[i])); d > 1e-4 {
+				t.Fatalf("perRow=%v logit %d: FP8 %v, dequantised %v", perRow, i, got[i], want[i])
+			}
+		}
+	}
+	fp8, _ := quantizeScaled(t, randomSource(t, cfg, 4), true)
+	bad := fp8["model.layers.0.mlp.up_proj.weight_scale"]
+	bad.Shape, bad.Data = []int{3}, bad.Data[:6]
+	fp8["model.layers.0.mlp.up_proj.weight_scale"] = bad
+	_, err := New(cfg, fp8, kernels.NewPool(1))
+	if err == nil || !strings.Contains(err.Error(), "model.layers.0.mlp.up_proj.weight_scale has 3 values") {
+		t.Fatalf("error %v", err)
 	}
 }

@@ -53,7 +53,8 @@ func PresetConfig(name string) (model.Config, error) {
 type Options struct {
 	Preset string
 	// DType of the weights: F32, BF16, or F8E4M3 (projections in FP8 with
-	// 128×128 block scales, everything else in F32).
+	// 128×128 block scales, embeddings and norms in BF16, the layout of
+	// published FP8 checkpoints).
 	DType     dtype.DType
 	ShardSize int64
 	Seed      uint64
@@ -90,6 +91,7 @@ func Write(ctx context.Context, dir string, opts Options) error {
 	case dtype.BF16:
 		cfg.TorchDType = "bfloat16"
 	case dtype.F8E4M3:
+		cfg.TorchDType = "bfloat16"
 		cfg.Quantization = &model.QuantizationConfig{QuantMethod: "fp8", Fmt: "e4m3", ActivationScheme: "dynamic",
 			WeightBlockSize: []int{checkpoint.DefaultBlock, checkpoint.DefaultBlock}}
 	default:
@@ -109,7 +111,7 @@ func Write(ctx context.Context, dir string, opts Options) error {
 		default:
 			dt := opts.DType
 			if dt == dtype.F8E4M3 {
-				dt = dtype.F32
+				dt = dtype.BF16 // as in published FP8 checkpoints
 			}
 			entries = append(entries, checkpoint.Entry{Name: ns.Name, DType: dt, Shape: ns.Shape, Bytes: func() ([]byte, error) {
 				w, err := weights()
