@@ -35,25 +35,11 @@ func newTestModel(t *testing.T, cfg Config, src TensorSource) *Model {
 	return m
 }
 
-// runAlone prefills one sequence in a forward call of its own and returns
-// the logits of every position.
+// runAlone scores one sequence in a forward call of its own.
 func runAlone(t *testing.T, m *Model, tokens []int32) []float32 {
 	t.Helper()
-	kv, err := kvcache.New(m.KVShape(), 8)
+	logits, err := m.Score(tokens)
 	if err != nil {
-		t.Fatal(err)
-	}
-	table, err := kv.Grow(nil, len(tokens))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &Batch{Tokens: tokens, Positions: make([]int32, len(tokens)), Seqs: make([]int32, len(tokens)), BlockTables: [][]int32{table}}
-	for i := range tokens {
-		b.Positions[i] = int32(i)
-		b.LogitRows = append(b.LogitRows, i)
-	}
-	logits := make([]float32, len(tokens)*m.cfg.VocabSize)
-	if err := m.Forward(b, kv, logits); err != nil {
 		t.Fatal(err)
 	}
 	return logits

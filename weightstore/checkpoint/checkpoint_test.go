@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/stokehq/stoke/engine/kernels"
-	"github.com/stokehq/stoke/engine/kvcache"
 	"github.com/stokehq/stoke/engine/model"
 	"github.com/stokehq/stoke/engine/sample"
 	"github.com/stokehq/stoke/internal/dtype"
@@ -56,28 +55,14 @@ func load(t *testing.T, dir string) *model.Model {
 	return m
 }
 
-// teacherForced runs tokens through m in one call and returns the logits
-// after every position.
+// teacherForced returns the logits after every position of tokens.
 func teacherForced(t *testing.T, m *model.Model, tokens []int32) [][]float32 {
 	t.Helper()
+	logits, err := m.Score(tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
 	vocab := m.Config().VocabSize
-	kv, err := kvcache.New(m.KVShape(), (len(tokens)+kvcache.BlockSize-1)/kvcache.BlockSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	table, err := kv.Grow(nil, len(tokens))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &model.Batch{Tokens: tokens, Positions: make([]int32, len(tokens)), Seqs: make([]int32, len(tokens)), BlockTables: [][]int32{table}}
-	for i := range tokens {
-		b.Positions[i] = int32(i)
-		b.LogitRows = append(b.LogitRows, i)
-	}
-	logits := make([]float32, len(tokens)*vocab)
-	if err := m.Forward(b, kv, logits); err != nil {
-		t.Fatal(err)
-	}
 	rows := make([][]float32, len(tokens))
 	for i := range rows {
 		rows[i] = logits[i*vocab : (i+1)*vocab]
