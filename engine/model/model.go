@@ -100,7 +100,7 @@ func grow(s []float32, n int) []float32 {
 
 func (b *buffers) size(c *Config, n int) {
 	d, q, kv, f := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim, c.IntermediateSize
-	b.x, b.h = grow(b.x, n*d), grow(b.h, n*max(d, q))
+	b.x, b.h = grow(b.x, n*d), grow(b.h, n*d)
 	b.q, b.att = grow(b.q, n*q), grow(b.att, n*q)
 	b.k, b.v = grow(b.k, n*kv), grow(b.v, n*kv)
 	b.gate, b.up = grow(b.gate, n*f), grow(b.up, n*f)
@@ -129,7 +129,9 @@ func (m *Model) Forward(b *Batch, kv *kvcache.Cache, logits []float32) error {
 	buf.size(c, n)
 	d := c.HiddenSize
 	for i, tok := range b.Tokens {
-		embedRow(buf.x[i*d:(i+1)*d], m.w.Embed, int(tok))
+		if err := m.w.Embed.DequantizeRow(buf.x[i*d:(i+1)*d], int(tok)); err != nil {
+			return fmt.Errorf("embed token %d: %w", tok, err)
+		}
 	}
 	m.ropeTables(b.Positions, buf.rope)
 	for l := range m.w.Layers {
@@ -249,19 +251,6 @@ func (m *Model) attention(l int, b *Batch, kv *kvcache.Cache) {
 			}
 		}
 	})
-}
-
-// embedRow writes row tok of the embedding matrix as float32.
-func embedRow(dst []float32, e *kernels.Matrix, tok int) {
-	cols := e.Cols
-	switch {
-	case e.F32 != nil:
-		copy(dst, e.F32[tok*cols:(tok+1)*cols])
-	case e.BF16 != nil:
-		for j, v := range e.BF16[tok*cols : (tok+1)*cols] {
-			dst[j] = math.Float32frombits(uint32(v) << 16)
-		}
-	}
 }
 
 // rmsNorm writes x / rms(x) * weight into dst.
