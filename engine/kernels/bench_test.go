@@ -161,3 +161,68 @@ func BenchmarkKernelSets(b *testing.B) {
 		}
 	}
 }
+
+// decodeShapes are the decode (n=1) products of a 100M-parameter Llama:
+// the attention projections, the MLP and the LM head.
+var decodeShapes = []struct {
+	name       string
+	rows, cols int
+}{
+	{"768x768", 768, 768},
+	{"256x768", 256, 768},
+	{"2048x768", 2048, 768},
+	{"768x2048", 768, 2048},
+	{"32000x768", 32000, 768},
+}
+
+// streamBytes is the least total size of the copies of W that
+// BenchmarkDecodeStream cycles through, far beyond the caches, so that
+// every product streams its weights from memory as in a real decode step.
+const streamBytes = 256 << 20
+
+// BenchmarkDecodeStream times single-token products (n=1) at the decode
+// shapes of a 100M-parameter Llama with weights that are not in cache:
+// each iteration multiplies by the next of enough distinct copies of W to
+// total streamBytes. GB/s is the weight streaming rate.
+func BenchmarkDecodeStream(b *testing.B) {
+	for _, k := range benchKinds {
+		for _, s := range decodeShapes {
+			var ws []*Matrix
+			var x, out []float32
+			setup := func() {
+				if ws != nil {
+					return
+				}
+				rng := rand.New(rand.NewPCG(1, 2))
+				w := newMatrix(rng, k, s.rows, s.cols)
+				copies := int(max(2, streamBytes/w.WeightBytes()+1))
+				for range copies {
+					c := *w
+					c.F32 = append([]float32(nil), w.F32...)
+					c.BF16 = append([]uint16(nil), w.BF16...)
+					c.FP8 = append([]uint8(nil), w.FP8...)
+					ws = append(ws, &c)
+				}
+				x = randomVector(rng, s.cols)
+				out = make([]float32, s.rows)
+			}
+			for _, threads := range []int{1, 2} {
+				b.Run(fmt.Sprintf("%s/%s/threads=%d", k.name, s.name, threads), func(b *testing.B) {
+					setup()
+					p := NewPool(threads)
+					defer p.Close()
+					b.SetBytes(ws[0].WeightBytes())
+					i := 0
+					for b.Loop() {
+						p.MatMul(out, x, 1, ws[i])
+						if i++; i == len(ws) {
+							i = 0
+						}
+					}
+					reportMatMul(b, 1, ws[0])
+				})
+			}
+			ws = nil
+		}
+	}
+}

@@ -29,6 +29,11 @@
 //     (Hugging Face fine-grained FP8, typically 128x128) are folded, for
 //     each block of BlockRows output rows, into a scaled copy of x (one
 //     scale per column block), so the dot products come out scaled.
+//   - Single-token products (n = 1, decode) run through GEMV kernels that
+//     loop over all of a thread's 4-row tiles in one assembly call and
+//     prefetch the next tile while multiplying the current one: decode rows
+//     are too short for the hardware prefetchers to reach full bandwidth,
+//     which left FP8 and BF16 decode waiting on memory latency.
 //   - x is processed in blocks that stay in L2 while W streams past; for
 //     large F32 products the columns are also blocked so that a 4-row W
 //     tile stays in L1.

@@ -22,6 +22,9 @@ var avx512Kernels = func() *kernelSet {
 		fp8Dot4x4:  fp8Dot4x4Asm,
 		fp8Dot1x4:  fp8Dot1x4Asm,
 		fp8Dot:     fp8DotAsm,
+		f32Gemv:    f32GemvAsm,
+		bf16Gemv:   bf16GemvAsm,
+		fp8Gemv:    fp8GemvAsm,
 		bf16ToF32:  bf16ToF32Asm,
 		fp8ToF32:   fp8ToF32Asm,
 		axpy:       axpyAsm,
@@ -89,6 +92,52 @@ func fp8DotAsm(x []float32, w []uint8) float32 {
 	return fp8DotAVX512(&x[0], &w[0], len(x))
 }
 
+// gemvPrefetch returns how far ahead, in bytes, the GEMV kernels prefetch
+// W (one quad of rows of ws elements of size bytes), and whether into L2
+// only: quads larger than gemvNear would crowd x out of L1.
+func gemvPrefetch(ws, size int) (pf int, far bool) {
+	pf = 4 * ws * size
+	return pf, pf > gemvNear
+}
+
+const gemvNear = 8 << 10
+
+func f32GemvAsm(x, w []float32, ws, k, rows int, out []float32) {
+	q := rows / 4
+	if q > 0 {
+		pf, far := gemvPrefetch(ws, 4)
+		_, _, _ = x[k-1], w[(4*q-1)*ws+k-1], out[4*q-1]
+		f32GemvAVX512(&x[0], &w[0], ws, k, q, &out[0], pf, far)
+	}
+	for r := 4 * q; r < rows; r++ {
+		out[r] = dotAsm(x[:k], w[r*ws:r*ws+k])
+	}
+}
+
+func bf16GemvAsm(x []float32, w []uint16, ws, k, rows int, out []float32) {
+	q := rows / 4
+	if q > 0 {
+		pf, far := gemvPrefetch(ws, 2)
+		_, _, _ = x[k-1], w[(4*q-1)*ws+k-1], out[4*q-1]
+		bf16GemvAVX512(&x[0], &w[0], ws, k, q, &out[0], pf, far)
+	}
+	for r := 4 * q; r < rows; r++ {
+		out[r] = bf16DotAsm(x[:k], w[r*ws:r*ws+k])
+	}
+}
+
+func fp8GemvAsm(x []float32, w []uint8, ws, k, rows int, out []float32) {
+	q := rows / 4
+	if q > 0 {
+		pf, far := gemvPrefetch(ws, 1)
+		_, _, _ = x[k-1], w[(4*q-1)*ws+k-1], out[4*q-1]
+		fp8GemvAVX512(&x[0], &w[0], ws, k, q, &out[0], pf, far)
+	}
+	for r := 4 * q; r < rows; r++ {
+		out[r] = fp8DotAsm(x[:k], w[r*ws:r*ws+k])
+	}
+}
+
 func bf16ToF32Asm(dst []float32, src []uint16) {
 	if len(src) == 0 {
 		return
@@ -143,6 +192,15 @@ func fp8Dot1x4AVX512(x *float32, w *uint8, ws int, k int, out *float32)
 
 //go:noescape
 func fp8DotAVX512(x *float32, w *uint8, n int) float32
+
+//go:noescape
+func f32GemvAVX512(x *float32, w *float32, ws int, k int, quads int, out *float32, pf int, far bool)
+
+//go:noescape
+func bf16GemvAVX512(x *float32, w *uint16, ws int, k int, quads int, out *float32, pf int, far bool)
+
+//go:noescape
+func fp8GemvAVX512(x *float32, w *uint8, ws int, k int, quads int, out *float32, pf int, far bool)
 
 //go:noescape
 func bf16ToF32AVX512(dst *float32, src *uint16, n int)

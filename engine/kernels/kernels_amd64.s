@@ -128,6 +128,59 @@
 	LEAQ (DI)(DX*2), R13; \
 	LEAQ (R12)(DX*2), R8
 
+// The GEMV kernels below compute single-token (decode) products over many
+// rows in one call: an outer loop over quads of W rows, each quad like the
+// 1x4 kernels above. Decode streams W from memory in short rows, which the
+// hardware prefetchers follow poorly, so while a quad is multiplied the
+// kernels prefetch W from pf bytes ahead of it, as much per iteration as the
+// quad consumes: the prefetches sweep [quad+pf, quad+pf+4*ws) as the quad
+// sweeps [quad, quad+4*ws). pf is one quad; when far is set (for quads
+// too large to sit in L1 beside x) the prefetches fill only L2.
+
+// GEMVSETUP loads the common arguments: SI = x, DI = w, DX = ws in bytes
+// (wshift = log2 of the weight size), CX = k, R8 = quads, R14 = out,
+// AX = k&^31, R13 = k&^15, K1 = the mask of the last k%16 columns.
+#define GEMVSETUP(wshift) \
+	MOVQ x+0(FP), SI; \
+	MOVQ w+8(FP), DI; \
+	MOVQ ws+16(FP), DX; \
+	SHLQ $wshift, DX; \
+	MOVQ k+24(FP), BX; \
+	MOVQ quads+32(FP), R8; \
+	MOVQ out+40(FP), R14; \
+	MOVQ BX, CX; \
+	ANDQ $15, CX; \
+	TAILMASK; \
+	MOVQ BX, CX; \
+	MOVQ BX, AX; \
+	ANDQ $-32, AX; \
+	MOVQ BX, R13; \
+	ANDQ $-16, R13
+
+// GEMVQUAD sets up the quad at DI: row pointers DI, R9, R10, R11, the
+// prefetch pointer R12, zero accumulators Z0-Z7 and BX = 0.
+#define GEMVQUAD \
+	LEAQ   (DI)(DX*1), R9; \
+	LEAQ   (DI)(DX*2), R10; \
+	LEAQ   (R9)(DX*2), R11; \
+	VPXORD Z0, Z0, Z0; VPXORD Z1, Z1, Z1; VPXORD Z2, Z2, Z2; VPXORD Z3, Z3, Z3; \
+	VPXORD Z4, Z4, Z4; VPXORD Z5, Z5, Z5; VPXORD Z6, Z6, Z6; VPXORD Z7, Z7, Z7; \
+	XORQ   BX, BX
+
+// GEMVSTORE reduces the accumulators, stores the quad's four sums at R14
+// and moves on to the next quad; it jumps to loop while quads remain.
+#define GEMVSTORE(loop) \
+	VADDPS  Z4, Z0, Z0; \
+	VADDPS  Z5, Z1, Z1; \
+	VADDPS  Z6, Z2, Z2; \
+	VADDPS  Z7, Z3, Z3; \
+	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0); \
+	VMOVUPS X0, (R14); \
+	ADDQ    $16, R14; \
+	LEAQ    (DI)(DX*4), DI; \
+	DECQ    R8; \
+	JNZ     loop
+
 // func f32Dot4x4AVX512(x *float32, xs int, w *float32, ws int, k int, out *float32, os int)
 // out[t*os+r] += Σ_j x[t*xs+j] * w[r*ws+j] for t, r < 4.
 TEXT ·f32Dot4x4AVX512(SB), NOSPLIT, $0-56
@@ -822,5 +875,263 @@ e44reduce:
 	MOVQ os+48(FP), DX
 	SHLQ $2, DX
 	STORE4x4
+	VZEROUPPER
+	RET
+
+// FGLOOPBODY, BGLOOPBODY and EGLOOPBODY are one 32-column step of the
+// F32, BF16 and FP8 GEMV quads, prefetching with the instruction PF.
+#define FGLOOPBODY(PF) \
+	PF          (R12); \
+	PF          64(R12); \
+	PF          128(R12); \
+	PF          192(R12); \
+	PF          256(R12); \
+	PF          320(R12); \
+	PF          384(R12); \
+	PF          448(R12); \
+	ADDQ        $512, R12; \
+	VMOVUPS     (SI)(BX*4), Z16; \
+	VMOVUPS     64(SI)(BX*4), Z17; \
+	VFMADD231PS (DI)(BX*4), Z16, Z0; \
+	VFMADD231PS (R9)(BX*4), Z16, Z1; \
+	VFMADD231PS (R10)(BX*4), Z16, Z2; \
+	VFMADD231PS (R11)(BX*4), Z16, Z3; \
+	VFMADD231PS 64(DI)(BX*4), Z17, Z4; \
+	VFMADD231PS 64(R9)(BX*4), Z17, Z5; \
+	VFMADD231PS 64(R10)(BX*4), Z17, Z6; \
+	VFMADD231PS 64(R11)(BX*4), Z17, Z7
+
+#define BGLOOPBODY(PF) \
+	PF          (R12)(BX*8); \
+	PF          64(R12)(BX*8); \
+	PF          128(R12)(BX*8); \
+	PF          192(R12)(BX*8); \
+	VMOVUPS     (SI)(BX*4), Z16; \
+	VMOVUPS     64(SI)(BX*4), Z17; \
+	BF16((DI)(BX*2), Z20); \
+	BF16((R9)(BX*2), Z21); \
+	BF16((R10)(BX*2), Z22); \
+	BF16((R11)(BX*2), Z23); \
+	BF16(32(DI)(BX*2), Z24); \
+	BF16(32(R9)(BX*2), Z25); \
+	BF16(32(R10)(BX*2), Z26); \
+	BF16(32(R11)(BX*2), Z27); \
+	VFMADD231PS Z20, Z16, Z0; \
+	VFMADD231PS Z21, Z16, Z1; \
+	VFMADD231PS Z22, Z16, Z2; \
+	VFMADD231PS Z23, Z16, Z3; \
+	VFMADD231PS Z24, Z17, Z4; \
+	VFMADD231PS Z25, Z17, Z5; \
+	VFMADD231PS Z26, Z17, Z6; \
+	VFMADD231PS Z27, Z17, Z7
+
+#define EGLOOPBODY(PF) \
+	PF          (R12)(BX*4); \
+	PF          64(R12)(BX*4); \
+	VMOVUPS     (SI)(BX*4), Z16; \
+	VMOVUPS     64(SI)(BX*4), Z17; \
+	FP8((DI)(BX*1), Y20, Z20); \
+	FP8((R9)(BX*1), Y21, Z21); \
+	FP8((R10)(BX*1), Y22, Z22); \
+	FP8((R11)(BX*1), Y23, Z23); \
+	FP8(16(DI)(BX*1), Y24, Z24); \
+	FP8(16(R9)(BX*1), Y25, Z25); \
+	FP8(16(R10)(BX*1), Y26, Z26); \
+	FP8(16(R11)(BX*1), Y27, Z27); \
+	VFMADD231PS Z20, Z16, Z0; \
+	VFMADD231PS Z21, Z16, Z1; \
+	VFMADD231PS Z22, Z16, Z2; \
+	VFMADD231PS Z23, Z16, Z3; \
+	VFMADD231PS Z24, Z17, Z4; \
+	VFMADD231PS Z25, Z17, Z5; \
+	VFMADD231PS Z26, Z17, Z6; \
+	VFMADD231PS Z27, Z17, Z7
+
+// func f32GemvAVX512(x *float32, w *float32, ws int, k int, quads int, out *float32, pf int, far bool)
+// out[r] = Σ_j x[j] * w[r*ws+j] for r < 4*quads.
+TEXT ·f32GemvAVX512(SB), NOSPLIT, $0-57
+	GEMVSETUP(2)
+
+fgquad:
+	GEMVQUAD
+	CMPQ BX, AX
+	JAE  fgone
+
+	MOVBQZX far+56(FP), R12
+	TESTQ   R12, R12
+	MOVQ    pf+48(FP), R12
+	LEAQ    (DI)(R12*1), R12
+	JNZ     fgloop1
+
+fgloop0:
+	FGLOOPBODY(PREFETCHT0)
+	ADDQ $32, BX
+	CMPQ BX, AX
+	JB   fgloop0
+	JMP  fgone
+
+fgloop1:
+	FGLOOPBODY(PREFETCHT1)
+	ADDQ $32, BX
+	CMPQ BX, AX
+	JB   fgloop1
+
+fgone:
+	CMPQ BX, R13
+	JAE  fgtail
+	VMOVUPS     (SI)(BX*4), Z16
+	VFMADD231PS (DI)(BX*4), Z16, Z0
+	VFMADD231PS (R9)(BX*4), Z16, Z1
+	VFMADD231PS (R10)(BX*4), Z16, Z2
+	VFMADD231PS (R11)(BX*4), Z16, Z3
+	ADDQ        $16, BX
+
+fgtail:
+	TESTQ $15, CX
+	JZ    fgreduce
+	VMOVUPS.Z   (SI)(BX*4), K1, Z16
+	VMOVUPS.Z   (DI)(BX*4), K1, Z20
+	VMOVUPS.Z   (R9)(BX*4), K1, Z21
+	VMOVUPS.Z   (R10)(BX*4), K1, Z22
+	VMOVUPS.Z   (R11)(BX*4), K1, Z23
+	VFMADD231PS Z20, Z16, Z4
+	VFMADD231PS Z21, Z16, Z5
+	VFMADD231PS Z22, Z16, Z6
+	VFMADD231PS Z23, Z16, Z7
+
+fgreduce:
+	GEMVSTORE(fgquad)
+	VZEROUPPER
+	RET
+
+// func bf16GemvAVX512(x *float32, w *uint16, ws int, k int, quads int, out *float32, pf int, far bool)
+// out[r] = Σ_j x[j] * bf16(w[r*ws+j]) for r < 4*quads.
+TEXT ·bf16GemvAVX512(SB), NOSPLIT, $0-57
+	GEMVSETUP(1)
+
+bgquad:
+	GEMVQUAD
+	CMPQ BX, AX
+	JAE  bgone
+
+	MOVBQZX far+56(FP), R12
+	TESTQ   R12, R12
+	MOVQ    pf+48(FP), R12
+	LEAQ    (DI)(R12*1), R12
+	JNZ     bgloop1
+
+bgloop0:
+	BGLOOPBODY(PREFETCHT0)
+	ADDQ $32, BX
+	CMPQ BX, AX
+	JB   bgloop0
+	JMP  bgone
+
+bgloop1:
+	BGLOOPBODY(PREFETCHT1)
+	ADDQ $32, BX
+	CMPQ BX, AX
+	JB   bgloop1
+
+bgone:
+	CMPQ BX, R13
+	JAE  bgtail
+	VMOVUPS     (SI)(BX*4), Z16
+	BF16((DI)(BX*2), Z20)
+	BF16((R9)(BX*2), Z21)
+	BF16((R10)(BX*2), Z22)
+	BF16((R11)(BX*2), Z23)
+	VFMADD231PS Z20, Z16, Z0
+	VFMADD231PS Z21, Z16, Z1
+	VFMADD231PS Z22, Z16, Z2
+	VFMADD231PS Z23, Z16, Z3
+	ADDQ        $16, BX
+
+bgtail:
+	TESTQ $15, CX
+	JZ    bgreduce
+	VMOVUPS.Z   (SI)(BX*4), K1, Z16
+	VMOVDQU16.Z (DI)(BX*2), K1, Y20
+	VMOVDQU16.Z (R9)(BX*2), K1, Y21
+	VMOVDQU16.Z (R10)(BX*2), K1, Y22
+	VMOVDQU16.Z (R11)(BX*2), K1, Y23
+	BF16(Y20, Z20)
+	BF16(Y21, Z21)
+	BF16(Y22, Z22)
+	BF16(Y23, Z23)
+	VFMADD231PS Z20, Z16, Z4
+	VFMADD231PS Z21, Z16, Z5
+	VFMADD231PS Z22, Z16, Z6
+	VFMADD231PS Z23, Z16, Z7
+
+bgreduce:
+	GEMVSTORE(bgquad)
+	VZEROUPPER
+	RET
+
+// func fp8GemvAVX512(x *float32, w *uint8, ws int, k int, quads int, out *float32, pf int, far bool)
+// out[r] = Σ_j x[j] * fp8(w[r*ws+j]) / 256 for r < 4*quads.
+TEXT ·fp8GemvAVX512(SB), NOSPLIT, $0-57
+	GEMVSETUP(0)
+	MOVL         $0xBF80, BX
+	VPBROADCASTW BX, Y31
+
+egquad:
+	GEMVQUAD
+	CMPQ BX, AX
+	JAE  egone
+
+	MOVBQZX far+56(FP), R12
+	TESTQ   R12, R12
+	MOVQ    pf+48(FP), R12
+	LEAQ    (DI)(R12*1), R12
+	JNZ     egloop1
+
+egloop0:
+	EGLOOPBODY(PREFETCHT0)
+	ADDQ $32, BX
+	CMPQ BX, AX
+	JB   egloop0
+	JMP  egone
+
+egloop1:
+	EGLOOPBODY(PREFETCHT1)
+	ADDQ $32, BX
+	CMPQ BX, AX
+	JB   egloop1
+
+egone:
+	CMPQ BX, R13
+	JAE  egtail
+	VMOVUPS     (SI)(BX*4), Z16
+	FP8((DI)(BX*1), Y20, Z20)
+	FP8((R9)(BX*1), Y21, Z21)
+	FP8((R10)(BX*1), Y22, Z22)
+	FP8((R11)(BX*1), Y23, Z23)
+	VFMADD231PS Z20, Z16, Z0
+	VFMADD231PS Z21, Z16, Z1
+	VFMADD231PS Z22, Z16, Z2
+	VFMADD231PS Z23, Z16, Z3
+	ADDQ        $16, BX
+
+egtail:
+	TESTQ $15, CX
+	JZ    egreduce
+	VMOVUPS.Z  (SI)(BX*4), K1, Z16
+	VMOVDQU8.Z (DI)(BX*1), K1, X20
+	VMOVDQU8.Z (R9)(BX*1), K1, X21
+	VMOVDQU8.Z (R10)(BX*1), K1, X22
+	VMOVDQU8.Z (R11)(BX*1), K1, X23
+	FP8(X20, Y20, Z20)
+	FP8(X21, Y21, Z21)
+	FP8(X22, Y22, Z22)
+	FP8(X23, Y23, Z23)
+	VFMADD231PS Z20, Z16, Z4
+	VFMADD231PS Z21, Z16, Z5
+	VFMADD231PS Z22, Z16, Z6
+	VFMADD231PS Z23, Z16, Z7
+
+egreduce:
+	GEMVSTORE(egquad)
 	VZEROUPPER
 	RET

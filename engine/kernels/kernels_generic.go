@@ -34,6 +34,13 @@ type kernelSet struct {
 	fp8Dot1x4 func(x []float32, w []uint8, ws, k int, out []float32)
 	// fp8Dot returns the raw FP8 dot product; len(x) == len(w).
 	fp8Dot func(x []float32, w []uint8) float32
+	// f32Gemv, bf16Gemv and fp8Gemv, where a set has them, are the
+	// single-token (decode) products over many rows at once: they store
+	// Σ_j x[j]*W[r][j] (raw for FP8) into out[r] for r < rows. Sets without
+	// them run decode through the 1x4 kernels.
+	f32Gemv  func(x, w []float32, ws, k, rows int, out []float32)
+	bf16Gemv func(x []float32, w []uint16, ws, k, rows int, out []float32)
+	fp8Gemv  func(x []float32, w []uint8, ws, k, rows int, out []float32)
 	// bf16ToF32 widens src into dst; len(dst) == len(src).
 	bf16ToF32 func(dst []float32, src []uint16)
 	// fp8ToF32 stores E4M3(src[j])/256*mul into dst[j]; len(dst) == len(src).

@@ -76,6 +76,10 @@ func (c *mmCall) f32(lo, hi int) {
 	ks, x, out, n := c.ks, c.x, c.out, c.n
 	rows, cols := c.w.Rows, c.w.Cols
 	w := c.w.F32
+	if n == 1 && ks.f32Gemv != nil {
+		ks.f32Gemv(x, w[lo*cols:], cols, cols, hi-lo, out[lo:hi])
+		return
+	}
 	for t := 0; t < n; t++ {
 		clear(out[t*rows+lo : t*rows+hi])
 	}
@@ -165,6 +169,14 @@ func (c *mmCall) decode(x []float32, t0, t1, lo, hi int) {
 	rows, cols := w.Rows, w.Cols
 	bf := w.DType == dtype.BF16
 	out := c.out[t0*rows:]
+	if n == 1 && bf && ks.bf16Gemv != nil {
+		ks.bf16Gemv(x, w.BF16[lo*cols:], cols, cols, hi-lo, out[lo:hi])
+		return
+	}
+	if n == 1 && !bf && ks.fp8Gemv != nil {
+		ks.fp8Gemv(x, w.FP8[lo*cols:], cols, cols, hi-lo, out[lo:hi])
+		return
+	}
 	i := lo
 	for ; i+4 <= hi; i += 4 {
 		t := 0
