@@ -95,7 +95,7 @@ func runGenerate(cmd *cobra.Command, f generateFlags) error {
 	}
 	opts := generate.Options{
 		MaxTokens: f.maxTokens,
-		Sampling:  sample.Params{Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed},
+		Sampling:  sample.Params{Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed, Logprobs: -1},
 		IgnoreEOS: f.ignoreEOS,
 	}
 	for _, id := range cfg.EOSTokenID {

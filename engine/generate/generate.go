@@ -68,10 +68,11 @@ func Run(ctx context.Context, m *model.Model, prompt []int32, opts Options, onTo
 	if err != nil {
 		return Result{}, err
 	}
-	table, err := kv.Grow(nil, total)
-	if err != nil {
-		return Result{}, err
+	mgr := kvcache.NewManager(kv.NumBlocks(), false)
+	if !mgr.Allocate(0, prompt, total, nil, "") {
+		return Result{}, fmt.Errorf("generate: kv cache of %d blocks cannot hold %d tokens", kv.NumBlocks(), total)
 	}
+	table := mgr.Table(0)
 	sampler := sample.New(opts.Sampling)
 	logits := make([]float32, cfg.VocabSize)
 	step := func(tokens []int32, start int) error {
@@ -102,7 +103,7 @@ func Run(ctx context.Context, m *model.Model, prompt []int32, opts Options, onTo
 	decodeStart := time.Now()
 	res.FinishReason = "length"
 	for {
-		id := sampler.Sample(logits)
+		id, _ := sampler.Sample(logits, prompt, res.IDs)
 		if len(res.IDs) == 0 {
 			res.FirstTokenLag = time.Since(begin)
 			decodeStart = time.Now()

@@ -1,19 +1,18 @@
 // Package kvcache holds the keys and values of every attention layer in a
 // paged pool of fixed-size blocks, addressed through per-sequence block
-// tables, so that sequences can grow without copying and later share
-// prefix blocks.
+// tables, so that sequences can grow without copying and share prefix
+// blocks. Cache is the storage; Manager hands out blocks, counts references
+// and keeps finished sequences' full blocks findable by content (prefix
+// caching) until their space is needed.
 package kvcache
 
 import (
-	"errors"
 	"fmt"
+	"math"
 )
 
 // BlockSize is the number of token positions one block holds.
 const BlockSize = 16
-
-// ErrOutOfBlocks is returned when the pool has no free block left.
-var ErrOutOfBlocks = errors.New("kv cache: out of blocks")
 
 // Shape describes the per-layer key/value geometry of a model.
 type Shape struct {
@@ -32,19 +31,30 @@ func (s Shape) BytesPerBlock() int64 {
 	return int64(2*s.Layers*BlockSize*s.TokenSize()) * 4
 }
 
-// Cache is a pool of KV blocks with a simple free-list allocator. It is not
-// safe for concurrent use; the engine's scheduler owns it.
+// BlocksForBudget is how many blocks a memory budget of the given number of
+// bytes holds (the --kv-cache-memory flag), or 0 when the budget or shape
+// leaves no room for one.
+func BlocksForBudget(shape Shape, bytes int64) int {
+	per := shape.BytesPerBlock()
+	if per <= 0 || bytes <= 0 || shape.Layers <= 0 || shape.KVHeads <= 0 || shape.HeadDim <= 0 {
+		return 0
+	}
+	return int(min(bytes/per, math.MaxInt32))
+}
+
+// Cache is the storage of a pool of KV blocks: the keys and values of every
+// layer, addressed by block id and slot. Which sequence owns which block is
+// the Manager's business. It does no locking; the engine loop owns it.
 type Cache struct {
 	shape     Shape
 	numBlocks int
 	keys      [][]float32 // per layer: [block][slot][kvHead][headDim]
 	values    [][]float32
-	free      []int32
 }
 
 // New allocates a pool of numBlocks blocks for a model of the given shape.
 func New(shape Shape, numBlocks int) (*Cache, error) {
-	if shape.Layers <= 0 || shape.KVHeads <= 0 || shape.HeadDim <= 0 || numBlocks <= 0 {
+	if shape.Layers <= 0 || shape.KVHeads <= 0 || shape.HeadDim <= 0 || numBlocks <= 0 || numBlocks > math.MaxInt32 {
 		return nil, fmt.Errorf("kv cache: invalid shape %+v with %d blocks", shape, numBlocks)
 	}
 	c := &Cache{shape: shape, numBlocks: numBlocks}
@@ -55,10 +65,6 @@ func New(shape Shape, numBlocks int) (*Cache, error) {
 		c.keys[l] = make([]float32, perLayer)
 		c.values[l] = make([]float32, perLayer)
 	}
-	c.free = make([]int32, numBlocks)
-	for i := range c.free {
-		c.free[i] = int32(numBlocks - 1 - i)
-	}
 	return c, nil
 }
 
@@ -67,42 +73,6 @@ func (c *Cache) Shape() Shape { return c.shape }
 
 // NumBlocks is the pool's capacity in blocks.
 func (c *Cache) NumBlocks() int { return c.numBlocks }
-
-// NumFree is the number of blocks not held by any sequence.
-func (c *Cache) NumFree() int { return len(c.free) }
-
-// Allocate takes one free block.
-func (c *Cache) Allocate() (int32, error) {
-	if len(c.free) == 0 {
-		return 0, ErrOutOfBlocks
-	}
-	b := c.free[len(c.free)-1]
-	c.free = c.free[:len(c.free)-1]
-	return b, nil
-}
-
-// Free returns blocks to the pool.
-func (c *Cache) Free(blocks ...int32) {
-	c.free = append(c.free, blocks...)
-}
-
-// Grow extends a block table so it covers numTokens positions, allocating
-// blocks as needed. On failure the table is returned unchanged and no block
-// is leaked.
-func (c *Cache) Grow(table []int32, numTokens int) ([]int32, error) {
-	need := (numTokens + BlockSize - 1) / BlockSize
-	if need <= len(table) {
-		return table, nil
-	}
-	if need-len(table) > len(c.free) {
-		return table, fmt.Errorf("grow to %d tokens: %w", numTokens, ErrOutOfBlocks)
-	}
-	for len(table) < need {
-		b, _ := c.Allocate()
-		table = append(table, b)
-	}
-	return table, nil
-}
 
 // offset is the index of the first value of (block, slot) within a layer.
 func (c *Cache) offset(block int32, slot int) int {

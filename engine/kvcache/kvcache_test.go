@@ -1,39 +1,42 @@
 package kvcache
 
-import (
-	"errors"
-	"testing"
-)
+import "testing"
 
-func TestGrowAndFree(t *testing.T) {
-	c, err := New(Shape{Layers: 2, KVHeads: 2, HeadDim: 4}, 4)
+func TestBlocksForBudget(t *testing.T) {
+	shape := Shape{Layers: 2, KVHeads: 2, HeadDim: 4} // 2*2*16*8*4 = 2048 bytes a block
+	for _, tc := range []struct {
+		name  string
+		shape Shape
+		bytes int64
+		want  int
+	}{
+		{"exact", shape, 4 * 2048, 4},
+		{"rounds down", shape, 4*2048 + 2047, 4},
+		{"less than a block", shape, 2047, 0},
+		{"zero budget", shape, 0, 0},
+		{"negative budget", shape, -2048, 0},
+		{"bad shape", Shape{Layers: 2, KVHeads: 0, HeadDim: 4}, 1 << 20, 0},
+		{"capped at int32 ids", Shape{Layers: 1, KVHeads: 1, HeadDim: 1}, 1 << 62, 1<<31 - 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := BlocksForBudget(tc.shape, tc.bytes); got != tc.want {
+				t.Fatalf("BlocksForBudget(%+v, %d) = %d, want %d", tc.shape, tc.bytes, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestNewShape(t *testing.T) {
+	shape := Shape{Layers: 3, KVHeads: 2, HeadDim: 4}
+	c, err := New(shape, 5)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var table []int32
-	for _, tc := range []struct {
-		tokens, blocks, free int
-	}{
-		{1, 1, 3}, {16, 1, 3}, {17, 2, 2}, {64, 4, 0},
-	} {
-		table, err = c.Grow(table, tc.tokens)
-		if err != nil {
-			t.Fatalf("grow to %d: %v", tc.tokens, err)
-		}
-		if len(table) != tc.blocks || c.NumFree() != tc.free {
-			t.Fatalf("grow to %d: %d blocks, %d free; want %d, %d", tc.tokens, len(table), c.NumFree(), tc.blocks, tc.free)
-		}
+	if c.Shape() != shape || c.NumBlocks() != 5 {
+		t.Fatalf("cache has shape %+v and %d blocks, want %+v and 5", c.Shape(), c.NumBlocks(), shape)
 	}
-	if _, err := c.Grow(table, 65); !errors.Is(err, ErrOutOfBlocks) {
-		t.Fatalf("grow past capacity: %v", err)
-	}
-	var other []int32
-	if other, err = c.Grow(other, 1); !errors.Is(err, ErrOutOfBlocks) || len(other) != 0 {
-		t.Fatalf("second sequence got %v, %v", other, err)
-	}
-	c.Free(table...)
-	if c.NumFree() != 4 {
-		t.Fatalf("free after release = %d", c.NumFree())
+	if got := len(c.BlockKeys(2, 4)); got != BlockSize*8 {
+		t.Fatalf("last block of last layer holds %d keys, want %d", got, BlockSize*8)
 	}
 }
 
@@ -70,10 +73,19 @@ func TestSlotsDoNotAlias(t *testing.T) {
 }
 
 func TestNewRejectsBadShape(t *testing.T) {
-	if _, err := New(Shape{Layers: 1, KVHeads: 0, HeadDim: 4}, 1); err == nil {
-		t.Fatal("accepted zero kv heads")
-	}
-	if _, err := New(Shape{Layers: 1, KVHeads: 1, HeadDim: 4}, 0); err == nil {
-		t.Fatal("accepted zero blocks")
+	for _, tc := range []struct {
+		name      string
+		shape     Shape
+		numBlocks int
+	}{
+		{"zero kv heads", Shape{Layers: 1, KVHeads: 0, HeadDim: 4}, 1},
+		{"zero layers", Shape{Layers: 0, KVHeads: 1, HeadDim: 4}, 1},
+		{"zero blocks", Shape{Layers: 1, KVHeads: 1, HeadDim: 4}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := New(tc.shape, tc.numBlocks); err == nil {
+				t.Fatalf("accepted %+v with %d blocks", tc.shape, tc.numBlocks)
+			}
+		})
 	}
 }

@@ -63,11 +63,13 @@ func TestBatchMatchesSequencesAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	mgr := kvcache.NewManager(kv.NumBlocks(), false)
 	tables := make([][]int32, len(seqs))
 	for i, s := range seqs {
-		if tables[i], err = kv.Grow(nil, len(s)); err != nil {
-			t.Fatal(err)
+		if !mgr.Allocate(uint64(i), s, len(s), nil, "") {
+			t.Fatalf("no kv blocks for sequence %d", i)
 		}
+		tables[i] = mgr.Table(uint64(i))
 	}
 	got := make([][]float32, len(seqs))
 	for _, part := range []struct{ from, to func(n int) int }{
@@ -236,7 +238,11 @@ func TestForwardRejectsBadBatches(t *testing.T) {
 	cfg := testConfig()
 	m := newTestModel(t, cfg, randomSource(t, cfg, 2))
 	kv, _ := kvcache.New(m.KVShape(), 4)
-	table, _ := kv.Grow(nil, 16)
+	mgr := kvcache.NewManager(kv.NumBlocks(), false)
+	if !mgr.Allocate(0, nil, 16, nil, "") {
+		t.Fatal("no kv blocks for 16 tokens")
+	}
+	table := mgr.Table(0)
 	for _, tc := range []struct {
 		name string
 		b    Batch

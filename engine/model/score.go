@@ -1,6 +1,10 @@
 package model
 
-import "github.com/stokehq/stoke/engine/kvcache"
+import (
+	"fmt"
+
+	"github.com/stokehq/stoke/engine/kvcache"
+)
 
 // Score runs one sequence through the model in a single forward call with a
 // KV cache of its own and returns the next-token logits after every
@@ -11,15 +15,15 @@ func (m *Model) Score(tokens []int32) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	table, err := kv.Grow(nil, len(tokens))
-	if err != nil {
-		return nil, err
+	mgr := kvcache.NewManager(kv.NumBlocks(), false)
+	if !mgr.Allocate(0, tokens, len(tokens), nil, "") {
+		return nil, fmt.Errorf("score %d tokens: kv cache of %d blocks is too small", len(tokens), kv.NumBlocks())
 	}
 	b := &Batch{
 		Tokens:      tokens,
 		Positions:   make([]int32, len(tokens)),
 		Seqs:        make([]int32, len(tokens)),
-		BlockTables: [][]int32{table},
+		BlockTables: [][]int32{mgr.Table(0)},
 		LogitRows:   make([]int, len(tokens)),
 	}
 	for i := range tokens {

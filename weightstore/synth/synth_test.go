@@ -169,7 +169,11 @@ func BenchmarkDecode(b *testing.B) {
 			weightBytes += w.LMHead.WeightBytes()
 			const ctx = 256
 			kv, _ := kvcache.New(m.KVShape(), ctx/kvcache.BlockSize)
-			table, _ := kv.Grow(nil, ctx)
+			mgr := kvcache.NewManager(kv.NumBlocks(), false)
+			if !mgr.Allocate(0, nil, ctx, nil, "") {
+				b.Fatalf("no kv blocks for %d tokens", ctx)
+			}
+			table := mgr.Table(0)
 			logits := make([]float32, m.Config().VocabSize)
 			batch := &model.Batch{Tokens: []int32{1}, Positions: []int32{0}, Seqs: []int32{0}, BlockTables: [][]int32{table}, LogitRows: []int{0}}
 			b.ResetTimer()

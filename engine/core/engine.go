@@ -1,0 +1,359 @@
+// Package core is the engine loop: it admits requests, asks the scheduler
+// for each step, has an Executor (the model or the sim) compute it, and
+// turns sampled tokens into streamed text, stopping on EOS, stop strings
+// or max_tokens. One goroutine runs the loop; any goroutine may submit and
+// abort.
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/stokehq/stoke/engine/kvcache"
+	"github.com/stokehq/stoke/engine/sample"
+	"github.com/stokehq/stoke/engine/sched"
+	"github.com/stokehq/stoke/engine/tokenizer"
+)
+
+// Executor computes scheduler steps.
+type Executor interface {
+	// Execute computes step and returns, aligned with step.Work, the token
+	// sampled for every work item with Sample set, using samplers (also
+	// aligned with step.Work; nil where Sample is unset).
+	Execute(ctx context.Context, step sched.Step, samplers []*sample.Sampler) ([]Sampled, error)
+}
+
+// releaser is implemented by executors that keep per-request state.
+type releaser interface {
+	Release(r *sched.Request)
+}
+
+// Sampled is one sampled token.
+type Sampled struct {
+	ID       int32
+	Logprobs *sample.Logprobs
+}
+
+// Params describe one generation request.
+type Params struct {
+	Prompt    []int32
+	MaxTokens int
+	Sampling  sample.Params
+	// StopIDs end the request (the model's EOS tokens are added unless
+	// IgnoreEOS); Stop strings end it when the text contains them.
+	StopIDs   []int32
+	Stop      []string
+	IgnoreEOS bool
+	// SkipSpecial leaves special tokens out of the text.
+	SkipSpecial bool
+	Priority    int
+	CacheSalt   string
+}
+
+// Config sets up an engine.
+type Config struct {
+	Sched sched.Config
+	// EOS are the model's end-of-sequence ids.
+	EOS []int32
+}
+
+// ErrDraining is returned by Submit once Drain has begun.
+var ErrDraining = errors.New("engine is draining")
+
+// Engine runs requests on one model.
+type Engine struct {
+	cfg     Config
+	kv      *kvcache.Manager
+	sched   *sched.Scheduler
+	exec    Executor
+	tok     *tokenizer.Tokenizer
+	metrics *Metrics
+
+	mu       sync.Mutex
+	inbox    []*request
+	aborts   []string
+	draining bool
+	wake     chan struct{}
+	nextID   atomic.Uint64
+	inflight atomic.Int64 // submitted and not yet ended
+
+	live  map[string]*request // loop-owned
+	stats atomic.Pointer[Stats]
+	steps atomic.Uint64
+}
+
+// request is the loop's state for one submitted request.
+type request struct {
+	sreq    *sched.Request
+	params  Params
+	sampler *sample.Sampler
+	detok   *tokenizer.StreamDecoder
+	stops   *sample.StopMatcher
+	stream  *Stream
+	arrived time.Time
+	lastTok time.Time
+}
+
+// Stats is a snapshot of the engine's load, updated after every step.
+type Stats struct {
+	Running, Waiting int
+	KVUsage          float64
+	KVBlocks         int
+	PrefixQueries    int64
+	PrefixHits       int64
+	Steps            uint64
+}
+
+// New returns an engine; tok may be nil for a model without a tokenizer
+// (requests then carry token ids only), metrics may be nil.
+func New(cfg Config, kv *kvcache.Manager, exec Executor, tok *tokenizer.Tokenizer, metrics *Metrics) (*Engine, error) {
+	s, err := sched.New(cfg.Sched, kv)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, kv: kv, sched: s, exec: exec, tok: tok, metrics: metrics,
+		wake: make(chan struct{}, 1), live: map[string]*request{}}
+	e.publish()
+	return e, nil
+}
+
+// Submit queues a request and returns its output stream. Requests that can
+// never run (empty prompt, past the context or the KV pool) are refused
+// here; sampling parameters must already be valid.
+func (e *Engine) Submit(p Params) (*Stream, error) {
+	id := "req-" + strconv.FormatUint(e.nextID.Add(1), 10)
+	sreq := &sched.Request{ID: id, Prompt: p.Prompt, MaxTokens: p.MaxTokens, Priority: p.Priority, CacheSalt: p.CacheSalt}
+	if err := sched.Validate(e.cfg.Sched, e.kv.NumBlocks(), sreq); err != nil {
+		return nil, err
+	}
+	if err := p.Sampling.Validate(); err != nil {
+		return nil, err
+	}
+	r := &request{sreq: sreq, params: p, sampler: sample.New(p.Sampling), stream: newStream(id), arrived: time.Now()}
+	if !p.IgnoreEOS {
+		r.params.StopIDs = append(slices.Clone(p.StopIDs), e.cfg.EOS...)
+	}
+	if e.tok != nil {
+		r.detok = e.tok.NewStreamDecoder(p.SkipSpecial)
+	}
+	r.stops = sample.NewStopMatcher(p.Stop)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.draining {
+		return nil, ErrDraining
+	}
+	e.inbox = append(e.inbox, r)
+	e.inflight.Add(1)
+	e.signal()
+	return r.stream, nil
+}
+
+// Abort cancels a request; its KV blocks are freed before the next step.
+func (e *Engine) Abort(id string) {
+	e.mu.Lock()
+	e.aborts = append(e.aborts, id)
+	e.mu.Unlock()
+	e.signal()
+}
+
+func (e *Engine) signal() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Stats returns the snapshot taken after the last step.
+func (e *Engine) Stats() Stats { return *e.stats.Load() }
+
+func (e *Engine) publish() {
+	q, h := e.kv.PrefixStats()
+	s := &Stats{Running: e.sched.NumRunning(), Waiting: e.sched.NumWaiting(), KVUsage: e.kv.Usage(),
+		KVBlocks: e.kv.NumBlocks(), PrefixQueries: q, PrefixHits: h, Steps: e.steps.Load()}
+	e.stats.Store(s)
+	if e.metrics != nil {
+		e.metrics.observeStats(s)
+	}
+}
+
+// Run is the engine loop. It returns when ctx ends, after ending every
+// request it still holds.
+func (e *Engine) Run(ctx context.Context) error {
+	defer e.abortAll()
+	for {
+		e.admit()
+		if e.sched.NumRunning()+e.sched.NumWaiting() == 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-e.wake:
+				continue
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		step := e.sched.Schedule()
+		if len(step.Work) == 0 {
+			select { // nothing fits this step; wait for a change
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-e.wake:
+			case <-time.After(time.Millisecond):
+			}
+			continue
+		}
+		e.runStep(ctx, step)
+	}
+}
+
+// admit moves submitted requests into the scheduler and applies aborts.
+func (e *Engine) admit() {
+	e.mu.Lock()
+	inbox, aborts := e.inbox, e.aborts
+	e.inbox, e.aborts = nil, nil
+	e.mu.Unlock()
+	for _, r := range inbox {
+		if err := e.sched.Add(r.sreq); err != nil {
+			r.stream.finish("", FinishError, Usage{}, err)
+			e.inflight.Add(-1)
+			continue
+		}
+		e.live[r.sreq.ID] = r
+	}
+	for _, id := range aborts {
+		if r, ok := e.live[id]; ok {
+			e.end(r, FinishAbort, "", nil)
+		}
+	}
+	if len(inbox)+len(aborts) > 0 {
+		e.publish()
+	}
+}
+
+func (e *Engine) runStep(ctx context.Context, step sched.Step) {
+	samplers := make([]*sample.Sampler, len(step.Work))
+	for i, w := range step.Work {
+		if w.Sample {
+			samplers[i] = e.live[w.Req.ID].sampler
+		}
+	}
+	out, err := e.exec.Execute(ctx, step, samplers)
+	e.steps.Add(1)
+	if err != nil {
+		for _, w := range step.Work {
+			if r, ok := e.live[w.Req.ID]; ok {
+				e.end(r, FinishError, "", fmt.Errorf("engine step: %w", err))
+			}
+		}
+		e.publish()
+		return
+	}
+	ids := make([]int32, len(step.Work))
+	for i, s := range out {
+		ids[i] = s.ID
+	}
+	e.sched.Commit(step, ids)
+	now := time.Now()
+	for i, w := range step.Work {
+		if w.Sample {
+			e.emit(e.live[w.Req.ID], out[i], now)
+		}
+	}
+	e.publish()
+}
+
+// emit delivers a sampled token and ends the request when it should stop.
+func (e *Engine) emit(r *request, s Sampled, now time.Time) {
+	if e.metrics != nil {
+		e.metrics.observeToken(r, now)
+	}
+	r.lastTok = now
+	if slices.Contains(r.params.StopIDs, s.ID) {
+		r.stream.push("", s.ID, s.Logprobs)
+		e.end(r, FinishStop, r.flush(), nil)
+		return
+	}
+	var text string
+	if r.detok != nil {
+		text = r.detok.Add(s.ID)
+	}
+	text, stopped := r.stops.Add(text)
+	r.stream.push(text, s.ID, s.Logprobs)
+	switch {
+	case stopped:
+		e.end(r, FinishStop, "", nil)
+	case len(r.sreq.Output) >= r.sreq.MaxTokens:
+		e.end(r, FinishLength, r.flush(), nil)
+	}
+}
+
+// flush returns the text still held back by the detokenizer and the stop
+// matcher when a request ends without a stop string.
+func (r *request) flush() string {
+	var rest string
+	if r.detok != nil {
+		rest = r.detok.Flush()
+	}
+	text, stopped := r.stops.Add(rest)
+	if stopped {
+		return text
+	}
+	return text + r.stops.Flush()
+}
+
+// end finishes a request: frees its blocks and closes its stream with the
+// last text.
+func (e *Engine) end(r *request, reason, tail string, err error) {
+	e.sched.Finish(r.sreq.ID)
+	delete(e.live, r.sreq.ID)
+	if rel, ok := e.exec.(releaser); ok {
+		rel.Release(r.sreq)
+	}
+	usage := Usage{PromptTokens: len(r.sreq.Prompt), CompletionTokens: len(r.sreq.Output), CachedTokens: r.sreq.NumCachedTokens}
+	r.stream.finish(tail, reason, usage, err)
+	e.inflight.Add(-1)
+	if e.metrics != nil {
+		e.metrics.observeFinish(r, reason, time.Now())
+	}
+}
+
+func (e *Engine) abortAll() {
+	e.mu.Lock()
+	inbox := e.inbox
+	e.inbox = nil
+	e.draining = true
+	e.mu.Unlock()
+	for _, r := range inbox {
+		r.stream.finish("", FinishAbort, Usage{}, ErrDraining)
+		e.inflight.Add(-1)
+	}
+	for _, r := range e.live {
+		e.end(r, FinishAbort, "", ErrDraining)
+	}
+	e.publish()
+}
+
+// Drain stops admitting new requests and waits until every request in
+// flight has finished or ctx ends; Run keeps going meanwhile.
+func (e *Engine) Drain(ctx context.Context) error {
+	e.mu.Lock()
+	e.draining = true
+	e.mu.Unlock()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for e.inflight.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
+}

@@ -1,0 +1,357 @@
+// Package sched decides, step by step, which tokens of which requests the
+// engine computes next: vLLM V1-style continuous batching with one token
+// budget per step, running requests first, chunked prefill, prefix-cache
+// reuse and preemption by recompute when KV blocks run out.
+//
+// Schedule is a deterministic function of the queue state and the KV
+// manager, with no model in sight, so the real engine and the sim engine
+// share it and it is tested on its own.
+package sched
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+
+	"github.com/stokehq/stoke/engine/kvcache"
+)
+
+// State is where a request is in its life.
+type State int
+
+// Request states.
+const (
+	Waiting State = iota
+	Running
+	Finished
+)
+
+func (s State) String() string {
+	switch s {
+	case Waiting:
+		return "waiting"
+	case Running:
+		return "running"
+	case Finished:
+		return "finished"
+	}
+	return fmt.Sprintf("State(%d)", int(s))
+}
+
+// Request is one generation the scheduler tracks. The caller fills the
+// exported fields before Add and reads the rest; the scheduler owns the
+// request until it finishes.
+type Request struct {
+	ID        string
+	Prompt    []int32
+	MaxTokens int
+	// Priority orders waiting requests (higher first) and picks preemption
+	// victims (lowest first).
+	Priority int
+	// CacheSalt separates prefix-cache entries, e.g. per LoRA adapter.
+	CacheSalt string
+
+	// Output holds the generated tokens.
+	Output []int32
+	// NumComputed counts tokens whose keys and values are in the KV cache.
+	NumComputed int
+	// NumCachedTokens counts prompt tokens the prefix cache supplied at the
+	// request's last admission.
+	NumCachedTokens int
+	// Preemptions counts how often the request lost its KV blocks.
+	Preemptions int
+
+	state   State
+	seq     uint64
+	arrival uint64
+	tokens  []int32 // prompt, then output
+	index   int     // position in the waiting heap
+}
+
+// State reports where the request is.
+func (r *Request) State() State { return r.state }
+
+// Tokens are the prompt followed by the generated tokens.
+func (r *Request) Tokens() []int32 { return r.tokens }
+
+// Config bounds each step.
+type Config struct {
+	// MaxNumBatchedTokens is the token budget of one step.
+	MaxNumBatchedTokens int
+	// MaxNumSeqs caps the number of running requests.
+	MaxNumSeqs int
+	// MaxModelLen is the model's context length.
+	MaxModelLen int
+}
+
+// Work is one request's share of a step: positions [Start, Start+Count)
+// of its tokens.
+type Work struct {
+	Req          *Request
+	Start, Count int
+	// Table is the request's KV block table, covering Start+Count positions.
+	Table []int32
+	// Sample is set when the step reaches the request's last known token,
+	// so the engine samples the next one from its logits.
+	Sample bool
+}
+
+// Step is what the engine computes next.
+type Step struct {
+	Work []Work
+	// Preempted lists requests that lost their KV blocks in this step and
+	// wait to be recomputed.
+	Preempted []*Request
+	NumTokens int
+}
+
+// Errors Add returns for requests that can never run.
+var (
+	ErrDuplicate = errors.New("duplicate request id")
+	ErrTooLong   = errors.New("request does not fit")
+)
+
+// Scheduler holds the waiting and running requests of one engine. It is
+// not safe for concurrent use: the engine loop owns it.
+type Scheduler struct {
+	cfg     Config
+	kv      *kvcache.Manager
+	waiting waitQueue
+	running []*Request
+	byID    map[string]*Request
+	nextSeq uint64
+}
+
+// New returns a scheduler that allocates KV blocks from kv.
+func New(cfg Config, kv *kvcache.Manager) (*Scheduler, error) {
+	if cfg.MaxNumBatchedTokens < 1 || cfg.MaxNumSeqs < 1 || cfg.MaxModelLen < 1 {
+		return nil, fmt.Errorf("scheduler: budgets must be positive: %+v", cfg)
+	}
+	return &Scheduler{cfg: cfg, kv: kv, byID: map[string]*Request{}}, nil
+}
+
+// Validate refuses a request that could never run under cfg with a KV
+// pool of numBlocks: an empty prompt, more tokens than the context, or more
+// than the whole pool. It reads nothing else, so a server may call it from
+// any goroutine before handing the request to the engine loop.
+func Validate(cfg Config, numBlocks int, r *Request) error {
+	total := len(r.Prompt) + r.MaxTokens
+	switch {
+	case len(r.Prompt) == 0:
+		return fmt.Errorf("%w: the prompt is empty", ErrTooLong)
+	case r.MaxTokens < 1:
+		return fmt.Errorf("%w: max_tokens must be at least 1", ErrTooLong)
+	case total > cfg.MaxModelLen:
+		return fmt.Errorf("%w: %d prompt tokens plus %d max_tokens exceed the context of %d", ErrTooLong, len(r.Prompt), r.MaxTokens, cfg.MaxModelLen)
+	case total > numBlocks*kvcache.BlockSize:
+		return fmt.Errorf("%w: %d tokens exceed the KV cache of %d tokens", ErrTooLong, total, numBlocks*kvcache.BlockSize)
+	}
+	return nil
+}
+
+// Add queues a request after Validate.
+func (s *Scheduler) Add(r *Request) error {
+	if s.byID[r.ID] != nil {
+		return fmt.Errorf("%w: %q", ErrDuplicate, r.ID)
+	}
+	if err := Validate(s.cfg, s.kv.NumBlocks(), r); err != nil {
+		return err
+	}
+	total := len(r.Prompt) + r.MaxTokens
+	s.nextSeq++
+	r.seq, r.arrival = s.nextSeq, s.nextSeq
+	r.tokens = append(make([]int32, 0, total), r.Prompt...)
+	r.Output = r.tokens[len(r.Prompt):len(r.Prompt)]
+	r.NumComputed = 0
+	r.state = Waiting
+	s.byID[r.ID] = r
+	heap.Push(&s.waiting, r)
+	return nil
+}
+
+// NumRunning is the number of requests holding KV blocks.
+func (s *Scheduler) NumRunning() int { return len(s.running) }
+
+// NumWaiting is the number of queued requests, preempted ones included.
+func (s *Scheduler) NumWaiting() int { return s.waiting.Len() }
+
+// Lookup returns a tracked request.
+func (s *Scheduler) Lookup(id string) (*Request, bool) {
+	r, ok := s.byID[id]
+	return r, ok
+}
+
+// Schedule picks the next step's work. Decoding requests go first, then
+// running requests still in (chunked) prefill, then waiting requests by
+// priority and arrival, each taking what is left of the token budget. When
+// a running request needs a block and none is free, the lowest-priority,
+// newest running request is preempted; no new request is admitted in a
+// step that preempted.
+func (s *Scheduler) Schedule() Step {
+	var step Step
+	budget := s.cfg.MaxNumBatchedTokens
+	scheduled := map[*Request]int{} // request -> index in step.Work
+	// Decodes first, so a long prefill never delays a running stream.
+	order := make([]*Request, 0, len(s.running))
+	for _, r := range s.running {
+		if len(r.tokens)-r.NumComputed <= 1 {
+			order = append(order, r)
+		}
+	}
+	for _, r := range s.running {
+		if len(r.tokens)-r.NumComputed > 1 {
+			order = append(order, r)
+		}
+	}
+	for _, r := range order {
+		if budget == 0 {
+			break
+		}
+		if r.state != Running {
+			continue // preempted earlier in this step
+		}
+		n := min(len(r.tokens)-r.NumComputed, budget)
+		for !s.kv.Allocate(r.seq, r.tokens, r.NumComputed+n, nil, r.CacheSalt) {
+			victim := s.victim()
+			if i, ok := scheduled[victim]; ok {
+				budget += step.Work[i].Count
+				step.NumTokens -= step.Work[i].Count
+				step.Work[i].Count = 0
+			}
+			s.preempt(victim)
+			step.Preempted = append(step.Preempted, victim)
+			if victim == r {
+				break
+			}
+		}
+		if r.state != Running {
+			continue
+		}
+		scheduled[r] = len(step.Work)
+		step.Work = append(step.Work, Work{Req: r, Start: r.NumComputed, Count: n, Table: s.kv.Table(r.seq), Sample: r.NumComputed+n == len(r.tokens)})
+		step.NumTokens += n
+		budget -= n
+	}
+	if len(step.Preempted) > 0 {
+		step.Work = dropEmpty(step.Work)
+		return step
+	}
+	for budget > 0 && len(s.running) < s.cfg.MaxNumSeqs && s.waiting.Len() > 0 {
+		r := s.waiting[0]
+		cached, hit := s.kv.LookupPrefix(r.tokens, r.CacheSalt)
+		n := min(len(r.tokens)-hit, budget)
+		if !s.kv.Allocate(r.seq, r.tokens, hit+n, cached, r.CacheSalt) {
+			break
+		}
+		heap.Pop(&s.waiting)
+		r.state, r.NumComputed, r.NumCachedTokens = Running, hit, min(hit, len(r.Prompt))
+		s.running = append(s.running, r)
+		step.Work = append(step.Work, Work{Req: r, Start: hit, Count: n, Table: s.kv.Table(r.seq), Sample: hit+n == len(r.tokens)})
+		step.NumTokens += n
+		budget -= n
+	}
+	return step
+}
+
+func dropEmpty(work []Work) []Work {
+	out := work[:0]
+	for _, w := range work {
+		if w.Count > 0 {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// victim is the running request to preempt: lowest priority, then newest.
+func (s *Scheduler) victim() *Request {
+	v := s.running[0]
+	for _, r := range s.running[1:] {
+		if r.Priority < v.Priority || (r.Priority == v.Priority && r.arrival > v.arrival) {
+			v = r
+		}
+	}
+	return v
+}
+
+// preempt frees a running request's blocks and queues it for recompute of
+// its prompt and the tokens it has generated so far.
+func (s *Scheduler) preempt(r *Request) {
+	s.kv.Free(r.seq)
+	s.removeRunning(r)
+	r.state, r.NumComputed = Waiting, 0
+	r.Preemptions++
+	heap.Push(&s.waiting, r)
+}
+
+func (s *Scheduler) removeRunning(r *Request) {
+	for i, x := range s.running {
+		if x == r {
+			s.running = append(s.running[:i], s.running[i+1:]...)
+			return
+		}
+	}
+}
+
+// Commit records a computed step: sampled holds, in step.Work order, the
+// token sampled for each work item with Sample set (other entries are
+// ignored). Requests finished since Schedule are skipped.
+func (s *Scheduler) Commit(step Step, sampled []int32) {
+	for i, w := range step.Work {
+		r := w.Req
+		if r.state != Running {
+			continue
+		}
+		r.NumComputed = w.Start + w.Count
+		if w.Sample {
+			r.tokens = append(r.tokens, sampled[i])
+			r.Output = r.tokens[len(r.Prompt):]
+		}
+	}
+}
+
+// Finish ends a request, finished or cancelled, and frees its KV blocks at
+// once. It reports whether the request was tracked.
+func (s *Scheduler) Finish(id string) bool {
+	r, ok := s.byID[id]
+	if !ok {
+		return false
+	}
+	delete(s.byID, id)
+	switch r.state {
+	case Running:
+		s.kv.Free(r.seq)
+		s.removeRunning(r)
+	case Waiting:
+		heap.Remove(&s.waiting, r.index)
+	}
+	r.state = Finished
+	return true
+}
+
+// waitQueue orders waiting requests by priority (higher first), then
+// arrival.
+type waitQueue []*Request
+
+func (q waitQueue) Len() int { return len(q) }
+func (q waitQueue) Less(i, j int) bool {
+	if q[i].Priority != q[j].Priority {
+		return q[i].Priority > q[j].Priority
+	}
+	return q[i].arrival < q[j].arrival
+}
+func (q waitQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+func (q *waitQueue) Push(x any) {
+	r := x.(*Request)
+	r.index = len(*q)
+	*q = append(*q, r)
+}
+func (q *waitQueue) Pop() any {
+	old := *q
+	r := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return r
+}
