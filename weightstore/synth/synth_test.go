@@ -3,14 +3,19 @@ package synth
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
+	"github.com/stokehq/stoke/engine/core"
 	"github.com/stokehq/stoke/engine/kernels"
 	"github.com/stokehq/stoke/engine/kvcache"
 	"github.com/stokehq/stoke/engine/model"
+	"github.com/stokehq/stoke/engine/sample"
+	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/tokenizer"
 	"github.com/stokehq/stoke/internal/dtype"
 	"github.com/stokehq/stoke/weightstore/checkpoint"
@@ -187,6 +192,68 @@ func BenchmarkDecode(b *testing.B) {
 			perToken := b.Elapsed().Seconds() / float64(b.N)
 			b.ReportMetric(1/perToken, "tokens/s")
 			b.ReportMetric(float64(weightBytes)/perToken/1e9, "weight-GB/s")
+		})
+	}
+}
+
+// BenchmarkEngineConcurrency measures generated tokens/s of the continuous
+// batching engine on a synthetic FP8 model (STOKE_BENCH_PRESET, default
+// 100m) at several concurrencies: the gain batching brings over one stream.
+func BenchmarkEngineConcurrency(b *testing.B) {
+	preset := os.Getenv("STOKE_BENCH_PRESET")
+	if preset == "" {
+		preset = "100m"
+	}
+	dir := write(b, preset, dtype.F8E4M3, 0, 1)
+	pool := kernels.NewPool(0)
+	defer pool.Close()
+	m, ck, err := checkpoint.LoadModel(dir, pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ck.Close()
+	const maxTokens = 64
+	for _, concurrency := range []int{1, 4, 16, 64} {
+		b.Run(fmt.Sprintf("%s/concurrency=%d", preset, concurrency), func(b *testing.B) {
+			blocks := concurrency * 8
+			storage, err := kvcache.New(m.KVShape(), blocks)
+			if err != nil {
+				b.Fatal(err)
+			}
+			e, err := core.New(core.Config{Sched: sched.Config{MaxNumBatchedTokens: 2048, MaxNumSeqs: concurrency, MaxModelLen: 128}},
+				kvcache.NewManager(blocks, false), core.NewModelExecutor(m, storage), nil, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go e.Run(ctx)
+			var wg sync.WaitGroup
+			sem := make(chan struct{}, concurrency)
+			b.ResetTimer()
+			for i := 0; i < b.N*concurrency; i++ {
+				sem <- struct{}{}
+				wg.Add(1)
+				go func() {
+					defer func() { <-sem; wg.Done() }()
+					prompt := make([]int32, 32)
+					for j := range prompt {
+						prompt[j] = int32((i*37 + j*11) % 30000)
+					}
+					s, err := e.Submit(core.Params{Prompt: prompt, MaxTokens: maxTokens, Sampling: sample.Params{TopP: 1, Logprobs: -1}, IgnoreEOS: true})
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					for {
+						if _, ok := s.Next(ctx); !ok {
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N*concurrency*maxTokens)/b.Elapsed().Seconds(), "tokens/s")
 		})
 	}
 }
