@@ -15,25 +15,27 @@ type Metrics struct {
 	ttft, itl, e2e            prometheus.Histogram
 	finished                  *prometheus.CounterVec
 	lastQueries, lastHits     int64
+	collectors                []prometheus.Collector
 }
 
 // NewMetrics registers the engine's series on reg, labelled with the
 // served model's name.
 func NewMetrics(reg prometheus.Registerer, modelName string) *Metrics {
 	labels := prometheus.Labels{"model_name": modelName}
+	var collectors []prometheus.Collector
 	gauge := func(name, help string) prometheus.Gauge {
 		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels})
-		reg.MustRegister(g)
+		collectors = append(collectors, g)
 		return g
 	}
 	counter := func(name, help string) prometheus.Counter {
 		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
-		reg.MustRegister(c)
+		collectors = append(collectors, c)
 		return c
 	}
 	histogram := func(name, help string, buckets []float64) prometheus.Histogram {
 		h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: labels, Buckets: buckets})
-		reg.MustRegister(h)
+		collectors = append(collectors, h)
 		return h
 	}
 	latency := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
@@ -51,14 +53,26 @@ func NewMetrics(reg prometheus.Registerer, modelName string) *Metrics {
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total",
 			Help: "Finished requests by reason.", ConstLabels: labels}, []string{"finished_reason"}),
 	}
-	reg.MustRegister(m.finished)
+	m.collectors = append(collectors, m.finished)
+	reg.MustRegister(m.collectors...)
 	return m
+}
+
+// Unregister removes the series from reg, when the model they describe is
+// unloaded.
+func (m *Metrics) Unregister(reg prometheus.Registerer) {
+	for _, c := range m.collectors {
+		reg.Unregister(c)
+	}
 }
 
 func (m *Metrics) observeStats(s *Stats) {
 	m.running.Set(float64(s.Running))
 	m.waiting.Set(float64(s.Waiting))
 	m.kvUsage.Set(s.KVUsage)
+	if s.PrefixQueries < m.lastQueries || s.PrefixHits < m.lastHits {
+		m.lastQueries, m.lastHits = 0, 0 // a new engine (after a wake) counts from zero
+	}
 	m.prefixQueries.Add(float64(s.PrefixQueries - m.lastQueries))
 	m.prefixHits.Add(float64(s.PrefixHits - m.lastHits))
 	m.lastQueries, m.lastHits = s.PrefixQueries, s.PrefixHits

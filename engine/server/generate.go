@@ -1,0 +1,497 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/stokehq/stoke/engine/core"
+	"github.com/stokehq/stoke/engine/kvcache"
+	"github.com/stokehq/stoke/engine/sample"
+	"github.com/stokehq/stoke/engine/tokenizer"
+	"github.com/stokehq/stoke/internal/openai"
+)
+
+// job is one admitted generation request.
+type job struct {
+	engine       *core.Engine
+	params       core.Params
+	stream       bool
+	includeUsage bool
+	format       format
+}
+
+// format shapes engine output as one endpoint's responses.
+type format interface {
+	// first is the chunk streamed before any output, or nil.
+	first() any
+	// chunk is a streamed delta; finish is nil until the last.
+	chunk(text string, ids []int32, lps []sample.Logprobs, finish *string) any
+	// usage is the closing chunk of stream_options.include_usage.
+	usage(u *openai.Usage) any
+	// final is the whole non-streamed response.
+	final(text string, ids []int32, lps []sample.Logprobs, finish string, u *openai.Usage) any
+}
+
+// head holds what every response of one request repeats.
+type head struct {
+	id      string
+	created int64
+	model   string
+	tok     *tokenizer.Tokenizer
+	// logprobs is sample.Params.Logprobs: -1 when not asked for.
+	logprobs int
+}
+
+func newHead(prefix string, l *Loaded, logprobs int) head {
+	return head{id: prefix + strconv.FormatUint(rand.Uint64(), 16), created: time.Now().Unix(), model: l.Name, tok: l.Tokenizer, logprobs: logprobs}
+}
+
+// tokenText is how a token is shown in logprobs.
+func (h *head) tokenText(id int32) string {
+	if h.tok == nil {
+		return "token_id:" + strconv.FormatInt(int64(id), 10)
+	}
+	return h.tok.Decode([]int32{id}, false)
+}
+
+func (s *Server) completions(c *gin.Context) {
+	l, eng, e := s.acquire()
+	if e != nil {
+		writeError(c, e)
+		return
+	}
+	defer s.release()
+	var req openai.CompletionRequest
+	if e := s.decodeBody(c, &req); e != nil {
+		writeError(c, e)
+		return
+	}
+	if e := checkModel(l, req.Model); e != nil {
+		writeError(c, e)
+		return
+	}
+	if e := req.CheckSupported(); e != nil {
+		writeError(c, e)
+		return
+	}
+	var prompt []int32
+	if len(req.Prompt.Texts) > 0 {
+		if l.Tokenizer == nil {
+			writeError(c, openai.InvalidRequest("prompt", "prompt is text but model %s has no tokenizer: send token ids", l.Name))
+			return
+		}
+		prompt = l.Tokenizer.Encode(req.Prompt.Texts[0], true)
+	} else {
+		prompt = req.Prompt.Tokens[0]
+	}
+	logprobs := -1
+	if req.Logprobs != nil {
+		logprobs = *req.Logprobs
+	}
+	params, e := buildParams(l, &req.GenerationParams, prompt, genSpec{promptParam: "prompt", maxTokens: req.MaxTokens,
+		maxParam: "max_tokens", defaultMax: 16, logprobs: logprobs, logprobsParam: "logprobs", kvTokens: kvTokens(eng)})
+	if e != nil {
+		writeError(c, e)
+		return
+	}
+	s.generate(c, &job{engine: eng, params: params, stream: req.Stream, includeUsage: req.IncludeUsage(),
+		format: &completionFormat{head: newHead("cmpl-", l, logprobs)}})
+}
+
+func (s *Server) chatCompletions(c *gin.Context) {
+	l, eng, e := s.acquire()
+	if e != nil {
+		writeError(c, e)
+		return
+	}
+	defer s.release()
+	var req openai.ChatCompletionRequest
+	if e := s.decodeBody(c, &req); e != nil {
+		writeError(c, e)
+		return
+	}
+	if e := checkModel(l, req.Model); e != nil {
+		writeError(c, e)
+		return
+	}
+	if e := req.CheckSupported(); e != nil {
+		writeError(c, e)
+		return
+	}
+	prompt, e := chatPrompt(l, req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt, false)
+	if e != nil {
+		writeError(c, e)
+		return
+	}
+	logprobs := -1
+	if req.Logprobs {
+		logprobs = 0
+		if req.TopLogprobs != nil {
+			logprobs = *req.TopLogprobs
+		}
+	}
+	maxTokens, maxParam := req.MaxNewTokens()
+	params, e := buildParams(l, &req.GenerationParams, prompt, genSpec{promptParam: "messages", maxTokens: maxTokens,
+		maxParam: maxParam, logprobs: logprobs, logprobsParam: "top_logprobs", kvTokens: kvTokens(eng)})
+	if e != nil {
+		writeError(c, e)
+		return
+	}
+	s.generate(c, &job{engine: eng, params: params, stream: req.Stream, includeUsage: req.IncludeUsage(),
+		format: &chatFormat{head: newHead("chatcmpl-", l, logprobs)}})
+}
+
+// kvTokens is the capacity of eng's KV pool in tokens.
+func kvTokens(eng *core.Engine) int { return eng.Stats().KVBlocks * kvcache.BlockSize }
+
+// chatPrompt renders messages with the model's chat template and encodes
+// the result; the template writes the special tokens itself, so addSpecial
+// is normally false.
+func chatPrompt(l *Loaded, msgs []openai.ChatMessage, addGenerationPrompt, addSpecial bool) ([]int32, *openai.Error) {
+	if l.Tokenizer == nil {
+		return nil, openai.InvalidRequest("messages", "model %s has no tokenizer, so it cannot apply a chat template: use /v1/completions with token ids", l.Name)
+	}
+	text, err := l.Tokenizer.ApplyChatTemplate(chatMessages(msgs), addGenerationPrompt)
+	if err != nil {
+		if errors.Is(err, tokenizer.ErrTemplateException) {
+			return nil, openai.InvalidRequest("messages", "messages rejected by the chat template: %v", err)
+		}
+		return nil, openai.ServerError("apply chat template: %v", err)
+	}
+	return l.Tokenizer.Encode(text, addSpecial), nil
+}
+
+// generate submits a job and answers with a stream or a whole response.
+// A client that goes away aborts the request so its KV blocks are freed.
+func (s *Server) generate(c *gin.Context, j *job) {
+	st, err := j.engine.Submit(j.params)
+	if err != nil {
+		writeError(c, submitError(err))
+		return
+	}
+	finished := false
+	defer func() {
+		if !finished {
+			j.engine.Abort(st.ID)
+		}
+	}()
+	ctx := c.Request.Context()
+	if !j.stream {
+		var text strings.Builder
+		var ids []int32
+		var lps []sample.Logprobs
+		for {
+			d, ok := st.Next(ctx)
+			if !ok {
+				return
+			}
+			text.WriteString(d.Text)
+			ids = append(ids, d.IDs...)
+			lps = append(lps, d.Logprobs...)
+			if d.Finish == "" {
+				continue
+			}
+			finished = true
+			if d.Finish != core.FinishStop && d.Finish != core.FinishLength {
+				writeError(c, endError(d))
+				return
+			}
+			if len(lps) != len(ids) {
+				lps = nil
+			}
+			writeJSON(c, http.StatusOK, j.format.final(text.String(), ids, lps, d.Finish, usage(d.Usage)))
+			return
+		}
+	}
+
+	h := c.Writer.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	h.Set("X-Accel-Buffering", "no")
+	c.Writer.WriteHeader(http.StatusOK)
+	sse := &sseWriter{c: c}
+	if first := j.format.first(); first != nil && !sse.event(first) {
+		return
+	}
+	sse.flush()
+	for {
+		d, ok := st.Next(ctx)
+		if !ok {
+			return
+		}
+		lps := d.Logprobs
+		if len(lps) != len(d.IDs) {
+			lps = nil
+		}
+		if d.Finish == "" {
+			if d.Text == "" && lps == nil {
+				continue // held back by the detokenizer or a possible stop string
+			}
+			if !sse.event(j.format.chunk(d.Text, d.IDs, lps, nil)) {
+				return
+			}
+			continue
+		}
+		finished = true
+		if d.Finish == core.FinishStop || d.Finish == core.FinishLength {
+			reason := d.Finish
+			sse.event(j.format.chunk(d.Text, d.IDs, lps, &reason))
+			if j.includeUsage {
+				sse.event(j.format.usage(usage(d.Usage)))
+			}
+		} else {
+			if d.Text != "" || lps != nil {
+				sse.event(j.format.chunk(d.Text, d.IDs, lps, nil))
+			}
+			sse.event(endError(d).Body())
+		}
+		sse.done()
+		return
+	}
+}
+
+// endError explains a request that ended without stop or length.
+func endError(d core.Delta) *openai.Error {
+	if errors.Is(d.Err, core.ErrDraining) {
+		return openai.Unavailable("the engine stopped before the request finished")
+	}
+	if d.Err != nil {
+		return openai.ServerError("generation failed: %v", d.Err)
+	}
+	return openai.ServerError("generation ended early (%s)", d.Finish)
+}
+
+func usage(u core.Usage) *openai.Usage {
+	return openai.NewUsage(u.PromptTokens, u.CompletionTokens, u.CachedTokens)
+}
+
+// sseWriter writes server-sent events, flushing each; after a failed
+// write it writes nothing more.
+type sseWriter struct {
+	c      *gin.Context
+	failed bool
+	buf    bytes.Buffer
+}
+
+func (w *sseWriter) event(v any) bool {
+	w.buf.Reset()
+	w.buf.WriteString("data: ")
+	enc := json.NewEncoder(&w.buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		w.failed = true
+		return false
+	}
+	w.buf.Truncate(w.buf.Len() - 1) // Encode's newline
+	w.buf.WriteString("\n\n")
+	return w.write(w.buf.Bytes())
+}
+
+func (w *sseWriter) done() bool { return w.write([]byte("data: [DONE]\n\n")) }
+
+func (w *sseWriter) write(b []byte) bool {
+	if w.failed {
+		return false
+	}
+	if _, err := w.c.Writer.Write(b); err != nil {
+		w.failed = true
+		return false
+	}
+	w.flush()
+	return true
+}
+
+func (w *sseWriter) flush() { w.c.Writer.Flush() }
+
+// completionFormat shapes /v1/completions output.
+type completionFormat struct {
+	head
+	offset int // text_offset of the next token
+}
+
+func (f *completionFormat) response(choices []openai.CompletionChoice, u *openai.Usage) *openai.CompletionResponse {
+	return &openai.CompletionResponse{ID: f.id, Object: openai.ObjectTextCompletion, Created: f.created, Model: f.model, Choices: choices, Usage: u}
+}
+
+func (f *completionFormat) first() any { return nil }
+
+func (f *completionFormat) chunk(text string, ids []int32, lps []sample.Logprobs, finish *string) any {
+	return f.response([]openai.CompletionChoice{{Text: text, Logprobs: f.logprobs(ids, lps), FinishReason: finish}}, nil)
+}
+
+func (f *completionFormat) usage(u *openai.Usage) any {
+	return f.response([]openai.CompletionChoice{}, u)
+}
+
+func (f *completionFormat) final(text string, ids []int32, lps []sample.Logprobs, finish string, u *openai.Usage) any {
+	return f.response([]openai.CompletionChoice{{Text: text, Logprobs: f.logprobs(ids, lps), FinishReason: &finish}}, u)
+}
+
+// logprobs is the completions logprobs object; nil unless asked for.
+func (f *completionFormat) logprobs(ids []int32, lps []sample.Logprobs) *openai.CompletionLogprobs {
+	if f.head.logprobs < 0 || lps == nil {
+		return nil
+	}
+	out := &openai.CompletionLogprobs{Tokens: []string{}, TokenLogprobs: []float64{}, TopLogprobs: []map[string]float64{}, TextOffset: []int{}}
+	for _, lp := range lps {
+		tok := f.tokenText(lp.Chosen.ID)
+		out.Tokens = append(out.Tokens, tok)
+		out.TokenLogprobs = append(out.TokenLogprobs, float64(lp.Chosen.Logprob))
+		top := map[string]float64{}
+		for _, alt := range lp.Top {
+			top[f.tokenText(alt.ID)] = float64(alt.Logprob)
+		}
+		top[tok] = float64(lp.Chosen.Logprob)
+		out.TopLogprobs = append(out.TopLogprobs, top)
+		out.TextOffset = append(out.TextOffset, f.offset)
+		f.offset += len(tok)
+	}
+	return out
+}
+
+// chatFormat shapes /v1/chat/completions output.
+type chatFormat struct {
+	head
+}
+
+func (f *chatFormat) chunkOf(choices []openai.ChatChunkChoice, u *openai.Usage) *openai.ChatCompletionChunk {
+	return &openai.ChatCompletionChunk{ID: f.id, Object: openai.ObjectChatChunk, Created: f.created, Model: f.model, Choices: choices, Usage: u}
+}
+
+func (f *chatFormat) first() any {
+	empty := ""
+	return f.chunkOf([]openai.ChatChunkChoice{{Delta: openai.ChatDelta{Role: "assistant", Content: &empty}}}, nil)
+}
+
+func (f *chatFormat) chunk(text string, ids []int32, lps []sample.Logprobs, finish *string) any {
+	var delta openai.ChatDelta
+	if text != "" || finish == nil {
+		delta.Content = &text
+	}
+	return f.chunkOf([]openai.ChatChunkChoice{{Delta: delta, Logprobs: f.logprobs(lps), FinishReason: finish}}, nil)
+}
+
+func (f *chatFormat) usage(u *openai.Usage) any {
+	return f.chunkOf([]openai.ChatChunkChoice{}, u)
+}
+
+func (f *chatFormat) final(text string, ids []int32, lps []sample.Logprobs, finish string, u *openai.Usage) any {
+	return &openai.ChatCompletionResponse{ID: f.id, Object: openai.ObjectChatCompletion, Created: f.created, Model: f.model,
+		Choices: []openai.ChatChoice{{Message: openai.ResponseMessage{Role: "assistant", Content: text}, Logprobs: f.logprobs(lps), FinishReason: finish}},
+		Usage:   u}
+}
+
+// logprobs is the chat logprobs object; nil unless asked for.
+func (f *chatFormat) logprobs(lps []sample.Logprobs) *openai.ChatLogprobs {
+	if f.head.logprobs < 0 || lps == nil {
+		return nil
+	}
+	out := &openai.ChatLogprobs{Content: make([]openai.TokenLogprob, 0, len(lps))}
+	for _, lp := range lps {
+		tok := f.tokenText(lp.Chosen.ID)
+		entry := openai.TokenLogprob{Token: tok, Logprob: float64(lp.Chosen.Logprob), Bytes: byteList(tok), TopLogprobs: []openai.TopLogprob{}}
+		for _, alt := range lp.Top {
+			at := f.tokenText(alt.ID)
+			entry.TopLogprobs = append(entry.TopLogprobs, openai.TopLogprob{Token: at, Logprob: float64(alt.Logprob), Bytes: byteList(at)})
+		}
+		out.Content = append(out.Content, entry)
+	}
+	return out
+}
+
+func byteList(s string) []int {
+	b := make([]int, len(s))
+	for i := range len(s) {
+		b[i] = int(s[i])
+	}
+	return b
+}
+
+func (s *Server) tokenize(c *gin.Context) {
+	l, _, e := s.acquire()
+	if e != nil {
+		writeError(c, e)
+		return
+	}
+	defer s.release()
+	var req openai.TokenizeRequest
+	if e := s.decodeBody(c, &req); e != nil {
+		writeError(c, e)
+		return
+	}
+	if e := checkModel(l, req.Model); e != nil {
+		writeError(c, e)
+		return
+	}
+	if l.Tokenizer == nil {
+		writeError(c, openai.InvalidRequest("prompt", "model %s has no tokenizer", l.Name))
+		return
+	}
+	var ids []int32
+	switch {
+	case req.Prompt != nil && req.Messages != nil:
+		writeError(c, openai.InvalidRequest("messages", "give either prompt or messages, not both"))
+		return
+	case req.Prompt != nil:
+		ids = l.Tokenizer.Encode(*req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+	case req.Messages != nil:
+		p, e := chatPrompt(l, req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt,
+			req.AddSpecialTokens != nil && *req.AddSpecialTokens)
+		if e != nil {
+			writeError(c, e)
+			return
+		}
+		ids = p
+	default:
+		writeError(c, openai.InvalidRequest("prompt", "prompt or messages is required"))
+		return
+	}
+	if ids == nil {
+		ids = []int32{}
+	}
+	writeJSON(c, http.StatusOK, openai.TokenizeResponse{Tokens: ids, Count: len(ids), MaxModelLen: l.MaxModelLen})
+}
+
+func chatMessages(msgs []openai.ChatMessage) []tokenizer.Message {
+	tm := make([]tokenizer.Message, len(msgs))
+	for i, m := range msgs {
+		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content.Text}
+	}
+	return tm
+}
+
+func (s *Server) detokenize(c *gin.Context) {
+	l, _, e := s.acquire()
+	if e != nil {
+		writeError(c, e)
+		return
+	}
+	defer s.release()
+	var req openai.DetokenizeRequest
+	if e := s.decodeBody(c, &req); e != nil {
+		writeError(c, e)
+		return
+	}
+	if e := checkModel(l, req.Model); e != nil {
+		writeError(c, e)
+		return
+	}
+	if l.Tokenizer == nil {
+		writeError(c, openai.InvalidRequest("tokens", "model %s has no tokenizer", l.Name))
+		return
+	}
+	if e := checkTokens(req.Tokens, l.vocabSize(), "tokens"); e != nil {
+		writeError(c, e)
+		return
+	}
+	writeJSON(c, http.StatusOK, openai.DetokenizeResponse{Prompt: l.Tokenizer.Decode(req.Tokens, false)})
+}
