@@ -83,9 +83,10 @@ type Engine struct {
 	nextID   atomic.Uint64
 	inflight atomic.Int64 // submitted and not yet ended
 
-	live  map[string]*request // loop-owned
-	stats atomic.Pointer[Stats]
-	steps atomic.Uint64
+	live        map[string]*request // loop-owned
+	stats       atomic.Pointer[Stats]
+	steps       atomic.Uint64
+	preemptions atomic.Uint64
 }
 
 // request is the loop's state for one submitted request.
@@ -108,6 +109,8 @@ type Stats struct {
 	PrefixQueries    int64
 	PrefixHits       int64
 	Steps            uint64
+	// Preemptions counts requests that lost their KV blocks to recompute.
+	Preemptions uint64
 }
 
 // New returns an engine; tok may be nil for a model without a tokenizer
@@ -175,7 +178,7 @@ func (e *Engine) Stats() Stats { return *e.stats.Load() }
 func (e *Engine) publish() {
 	q, h := e.kv.PrefixStats()
 	s := &Stats{Running: e.sched.NumRunning(), Waiting: e.sched.NumWaiting(), KVUsage: e.kv.Usage(),
-		KVBlocks: e.kv.NumBlocks(), PrefixQueries: q, PrefixHits: h, Steps: e.steps.Load()}
+		KVBlocks: e.kv.NumBlocks(), PrefixQueries: q, PrefixHits: h, Steps: e.steps.Load(), Preemptions: e.preemptions.Load()}
 	e.stats.Store(s)
 	if e.metrics != nil {
 		e.metrics.observeStats(s)
@@ -246,6 +249,7 @@ func (e *Engine) runStep(ctx context.Context, step sched.Step) {
 	}
 	out, err := e.exec.Execute(ctx, step, samplers)
 	e.steps.Add(1)
+	e.preemptions.Add(uint64(len(step.Preempted)))
 	if err != nil {
 		for _, w := range step.Work {
 			if r, ok := e.live[w.Req.ID]; ok {

@@ -260,3 +260,35 @@ func TestDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestPreemptionUnderKVPressureKeepsOutputs(t *testing.T) {
+	roomy := newFixture(t, 512, sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 16})
+	tight := newFixture(t, 12, sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 16}) // 192 tokens for 10 requests of ~60
+	run := func(f *fixture) [][]int32 {
+		var wg sync.WaitGroup
+		out := make([][]int32, 10)
+		for i := range out {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, err := f.engine.Submit(Params{Prompt: testPrompt(i, 20+i), MaxTokens: 30, Sampling: greedy(), IgnoreEOS: true})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_, out[i], _ = collect(t, s)
+			}()
+		}
+		wg.Wait()
+		return out
+	}
+	want, got := run(roomy), run(tight)
+	for i := range want {
+		if !slices.Equal(got[i], want[i]) {
+			t.Fatalf("request %d under KV pressure %v, unpressured %v", i, got[i], want[i])
+		}
+	}
+	if s := tight.engine.Stats(); s.KVUsage != 0 || s.Running+s.Waiting != 0 || s.Preemptions == 0 {
+		t.Fatalf("after all finished (want preemptions, nothing left): %+v", s)
+	}
+}

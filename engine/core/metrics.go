@@ -14,7 +14,9 @@ type Metrics struct {
 	promptTokens, genTokens   prometheus.Counter
 	ttft, itl, e2e            prometheus.Histogram
 	finished                  *prometheus.CounterVec
+	preemptions               prometheus.Counter
 	lastQueries, lastHits     int64
+	lastPreemptions           uint64
 	collectors                []prometheus.Collector
 }
 
@@ -47,6 +49,7 @@ func NewMetrics(reg prometheus.Registerer, modelName string) *Metrics {
 		prefixHits:    counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache."),
 		promptTokens:  counter("vllm:prompt_tokens_total", "Prompt tokens of requests that reached their first token."),
 		genTokens:     counter("vllm:generation_tokens_total", "Generated tokens."),
+		preemptions:   counter("vllm:num_preemptions_total", "Requests preempted to free KV blocks (recomputed later)."),
 		ttft:          histogram("vllm:time_to_first_token_seconds", "Time from arrival to the first token.", latency),
 		itl:           histogram("vllm:inter_token_latency_seconds", "Time between consecutive tokens of a request.", latency),
 		e2e:           histogram("vllm:e2e_request_latency_seconds", "Time from arrival to the end of a request.", latency),
@@ -70,9 +73,11 @@ func (m *Metrics) observeStats(s *Stats) {
 	m.running.Set(float64(s.Running))
 	m.waiting.Set(float64(s.Waiting))
 	m.kvUsage.Set(s.KVUsage)
-	if s.PrefixQueries < m.lastQueries || s.PrefixHits < m.lastHits {
-		m.lastQueries, m.lastHits = 0, 0 // a new engine (after a wake) counts from zero
+	if s.PrefixQueries < m.lastQueries || s.PrefixHits < m.lastHits || s.Preemptions < m.lastPreemptions {
+		m.lastQueries, m.lastHits, m.lastPreemptions = 0, 0, 0 // a new engine (after a wake) counts from zero
 	}
+	m.preemptions.Add(float64(s.Preemptions - m.lastPreemptions))
+	m.lastPreemptions = s.Preemptions
 	m.prefixQueries.Add(float64(s.PrefixQueries - m.lastQueries))
 	m.prefixHits.Add(float64(s.PrefixHits - m.lastHits))
 	m.lastQueries, m.lastHits = s.PrefixQueries, s.PrefixHits

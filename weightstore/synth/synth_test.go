@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stokehq/stoke/engine/core"
 	"github.com/stokehq/stoke/engine/kernels"
@@ -254,6 +255,71 @@ func BenchmarkEngineConcurrency(b *testing.B) {
 			}
 			wg.Wait()
 			b.ReportMetric(float64(b.N*concurrency*maxTokens)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
+}
+
+// BenchmarkPrefixTTFT measures time to first token of a 1,000-token prompt
+// on a synthetic FP8 model, with a cold prefix cache and with the first
+// 992 tokens already cached by an earlier request.
+func BenchmarkPrefixTTFT(b *testing.B) {
+	preset := os.Getenv("STOKE_BENCH_PRESET")
+	if preset == "" {
+		preset = "100m"
+	}
+	dir := write(b, preset, dtype.F8E4M3, 0, 1)
+	pool := kernels.NewPool(0)
+	defer pool.Close()
+	m, ck, err := checkpoint.LoadModel(dir, pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ck.Close()
+	const blocks = 512
+	storage, _ := kvcache.New(m.KVShape(), blocks)
+	e, err := core.New(core.Config{Sched: sched.Config{MaxNumBatchedTokens: 2048, MaxNumSeqs: 8, MaxModelLen: 2048}},
+		kvcache.NewManager(blocks, true), core.NewModelExecutor(m, storage), nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go e.Run(ctx)
+	firstToken := func(prompt []int32) time.Duration {
+		start := time.Now()
+		s, err := e.Submit(core.Params{Prompt: prompt, MaxTokens: 1, Sampling: sample.Params{TopP: 1, Logprobs: -1}, IgnoreEOS: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.Next(ctx)
+		d := time.Since(start)
+		for {
+			if _, ok := s.Next(ctx); !ok {
+				return d
+			}
+		}
+	}
+	prompt := func(prefix, suffix int) []int32 {
+		p := make([]int32, 1000)
+		for i := range p {
+			p[i] = int32((prefix*7919 + i*13) % 30000)
+		}
+		p[999] = int32(suffix)
+		return p
+	}
+	for _, hit := range []bool{false, true} {
+		b.Run(fmt.Sprintf("%s/prefix_hit=%v", preset, hit), func(b *testing.B) {
+			firstToken(prompt(-1, 0)) // warm the weights
+			var total time.Duration
+			for i := 0; i < b.N; i++ {
+				prefix := i + 1
+				if hit {
+					prefix = 0
+					firstToken(prompt(0, 0))
+				}
+				total += firstToken(prompt(prefix, i+1))
+			}
+			b.ReportMetric(total.Seconds()/float64(b.N)*1000, "ttft-ms")
 		})
 	}
 }
