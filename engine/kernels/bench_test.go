@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -180,6 +181,42 @@ var decodeShapes = []struct {
 // every product streams its weights from memory as in a real decode step.
 const streamBytes = 256 << 20
 
+// streamCopies returns enough distinct copies of an rows x cols matrix of
+// kind k to total streamBytes, so that cycling through them streams W from
+// memory as in a real decode step.
+func streamCopies(k weightKind, rows, cols int) []*Matrix {
+	rng := rand.New(rand.NewPCG(1, 2))
+	w := newMatrix(rng, k, rows, cols)
+	copies := int(max(2, streamBytes/w.WeightBytes()+1))
+	ws := make([]*Matrix, 0, copies)
+	for range copies {
+		c := *w
+		c.F32 = append([]float32(nil), w.F32...)
+		c.BF16 = append([]uint16(nil), w.BF16...)
+		c.FP8 = append([]uint8(nil), w.FP8...)
+		ws = append(ws, &c)
+	}
+	return ws
+}
+
+// benchStream times p.MatMul with n x rows, cycling through ws.
+func benchStream(b *testing.B, threads, n int, ws []*Matrix) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	x := randomVector(rng, n*ws[0].Cols)
+	out := make([]float32, n*ws[0].Rows)
+	p := NewPool(threads)
+	defer p.Close()
+	b.SetBytes(ws[0].WeightBytes())
+	i := 0
+	for b.Loop() {
+		p.MatMul(out, x, n, ws[i])
+		if i++; i == len(ws) {
+			i = 0
+		}
+	}
+	reportMatMul(b, n, ws[0])
+}
+
 // BenchmarkDecodeStream times single-token products (n=1) at the decode
 // shapes of a 100M-parameter Llama with weights that are not in cache:
 // each iteration multiplies by the next of enough distinct copies of W to
@@ -188,41 +225,49 @@ func BenchmarkDecodeStream(b *testing.B) {
 	for _, k := range benchKinds {
 		for _, s := range decodeShapes {
 			var ws []*Matrix
-			var x, out []float32
-			setup := func() {
-				if ws != nil {
-					return
-				}
-				rng := rand.New(rand.NewPCG(1, 2))
-				w := newMatrix(rng, k, s.rows, s.cols)
-				copies := int(max(2, streamBytes/w.WeightBytes()+1))
-				for range copies {
-					c := *w
-					c.F32 = append([]float32(nil), w.F32...)
-					c.BF16 = append([]uint16(nil), w.BF16...)
-					c.FP8 = append([]uint8(nil), w.FP8...)
-					ws = append(ws, &c)
-				}
-				x = randomVector(rng, s.cols)
-				out = make([]float32, s.rows)
-			}
 			for _, threads := range []int{1, 2} {
 				b.Run(fmt.Sprintf("%s/%s/threads=%d", k.name, s.name, threads), func(b *testing.B) {
-					setup()
-					p := NewPool(threads)
-					defer p.Close()
-					b.SetBytes(ws[0].WeightBytes())
-					i := 0
-					for b.Loop() {
-						p.MatMul(out, x, 1, ws[i])
-						if i++; i == len(ws) {
-							i = 0
-						}
+					if ws == nil {
+						ws = streamCopies(k, s.rows, s.cols)
 					}
-					reportMatMul(b, 1, ws[0])
+					benchStream(b, threads, 1, ws)
 				})
 			}
-			ws = nil
+		}
+	}
+}
+
+// BenchmarkBatchStream is BenchmarkDecodeStream for the small batches of
+// continuous batching: n sequences decoded in one step (n x rows of x) at
+// the shapes of a 100M-parameter Llama, weights streamed from memory. The
+// 32000x768 LM head is BF16 only, as in the engine's FP8 models.
+func BenchmarkBatchStream(b *testing.B) {
+	shapes := []struct {
+		name       string
+		rows, cols int
+		kinds      []string
+	}{
+		{"768x768", 768, 768, []string{"f32", "bf16", "fp8"}},
+		{"2048x768", 2048, 768, []string{"f32", "bf16", "fp8"}},
+		{"768x2048", 768, 2048, []string{"f32", "bf16", "fp8"}},
+		{"32000x768", 32000, 768, []string{"bf16"}},
+	}
+	for _, k := range benchKinds {
+		for _, s := range shapes {
+			if !slices.Contains(s.kinds, k.name) {
+				continue
+			}
+			var ws []*Matrix
+			for _, n := range []int{2, 4, 8, 16, 64} {
+				for _, threads := range []int{1, 2} {
+					b.Run(fmt.Sprintf("%s/%s/n=%d/threads=%d", k.name, s.name, n, threads), func(b *testing.B) {
+						if ws == nil {
+							ws = streamCopies(k, s.rows, s.cols)
+						}
+						benchStream(b, threads, n, ws)
+					})
+				}
+			}
 		}
 	}
 }

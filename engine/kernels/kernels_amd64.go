@@ -25,6 +25,9 @@ var avx512Kernels = func() *kernelSet {
 		f32Gemv:    f32GemvAsm,
 		bf16Gemv:   bf16GemvAsm,
 		fp8Gemv:    fp8GemvAsm,
+		f32Gemm:    f32GemmAsm,
+		bf16Gemm:   bf16GemmAsm,
+		fp8Gemm:    fp8GemmAsm,
 		bf16ToF32:  bf16ToF32Asm,
 		fp8ToF32:   fp8ToF32Asm,
 		axpy:       axpyAsm,
@@ -102,6 +105,10 @@ func gemvPrefetch(ws, size int) (pf int, far bool) {
 
 const gemvNear = 8 << 10
 
+// gemmNear is the most the small-batch kernels keep in L1, a quad of W
+// and the x rows; beyond it they prefetch into L2 only.
+const gemmNear = 20 << 10
+
 func f32GemvAsm(x, w []float32, ws, k, rows int, out []float32) {
 	q := rows / 4
 	if q > 0 {
@@ -136,6 +143,55 @@ func fp8GemvAsm(x []float32, w []uint8, ws, k, rows int, out []float32) {
 	for r := 4 * q; r < rows; r++ {
 		out[r] = fp8DotAsm(x[:k], w[r*ws:r*ws+k])
 	}
+}
+
+// gemmKernel is the signature of the Gemm2 and Gemm4 assembly kernels.
+type gemmKernel[T any] func(x0, x1, x2, x3 *float32, w *T, ws, k, quads int, out *float32, os, nx int, far bool)
+
+// gemmAsm runs the small-batch kernels for nx (1 to 4) x rows: Gemm2 for
+// two, Gemm4 for three or four, gemv for one; rows past the last quad go
+// through dot. size is the byte size of T.
+func gemmAsm[T any](x []float32, xs, nx int, w []T, ws, k, rows int, out []float32, os int,
+	size int, gemm2, gemm4 gemmKernel[T], gemv func(x []float32, w []T, ws, k, rows int, out []float32),
+	dot func(x []float32, w []T) float32) {
+	if nx == 1 {
+		gemv(x, w, ws, k, rows, out)
+		return
+	}
+	q := rows / 4
+	if q > 0 {
+		_, _, _ = x[(nx-1)*xs+k-1], w[(4*q-1)*ws+k-1], out[(nx-1)*os+4*q-1]
+		pf, far := gemvPrefetch(ws, size)
+		far = far || pf+nx*k*4 > gemmNear
+		x0, x1 := &x[0], &x[xs]
+		if nx == 2 {
+			gemm2(x0, x1, x1, x1, &w[0], ws, k, q, &out[0], os, nx, far)
+		} else {
+			x2 := &x[2*xs]
+			x3 := x2
+			if nx == 4 {
+				x3 = &x[3*xs]
+			}
+			gemm4(x0, x1, x2, x3, &w[0], ws, k, q, &out[0], os, nx, far)
+		}
+	}
+	for r := 4 * q; r < rows; r++ {
+		for t := 0; t < nx; t++ {
+			out[t*os+r] = dot(x[t*xs:t*xs+k], w[r*ws:r*ws+k])
+		}
+	}
+}
+
+func f32GemmAsm(x []float32, xs, nx int, w []float32, ws, k, rows int, out []float32, os int) {
+	gemmAsm(x, xs, nx, w, ws, k, rows, out, os, 4, f32Gemm2AVX512, f32Gemm4AVX512, f32GemvAsm, dotAsm)
+}
+
+func bf16GemmAsm(x []float32, xs, nx int, w []uint16, ws, k, rows int, out []float32, os int) {
+	gemmAsm(x, xs, nx, w, ws, k, rows, out, os, 2, bf16Gemm2AVX512, bf16Gemm4AVX512, bf16GemvAsm, bf16DotAsm)
+}
+
+func fp8GemmAsm(x []float32, xs, nx int, w []uint8, ws, k, rows int, out []float32, os int) {
+	gemmAsm(x, xs, nx, w, ws, k, rows, out, os, 1, fp8Gemm2AVX512, fp8Gemm4AVX512, fp8GemvAsm, fp8DotAsm)
 }
 
 func bf16ToF32Asm(dst []float32, src []uint16) {
@@ -201,6 +257,24 @@ func bf16GemvAVX512(x *float32, w *uint16, ws int, k int, quads int, out *float3
 
 //go:noescape
 func fp8GemvAVX512(x *float32, w *uint8, ws int, k int, quads int, out *float32, pf int, far bool)
+
+//go:noescape
+func f32Gemm2AVX512(x0, x1, x2, x3 *float32, w *float32, ws, k, quads int, out *float32, os, nx int, far bool)
+
+//go:noescape
+func f32Gemm4AVX512(x0, x1, x2, x3 *float32, w *float32, ws, k, quads int, out *float32, os, nx int, far bool)
+
+//go:noescape
+func bf16Gemm2AVX512(x0, x1, x2, x3 *float32, w *uint16, ws, k, quads int, out *float32, os, nx int, far bool)
+
+//go:noescape
+func bf16Gemm4AVX512(x0, x1, x2, x3 *float32, w *uint16, ws, k, quads int, out *float32, os, nx int, far bool)
+
+//go:noescape
+func fp8Gemm2AVX512(x0, x1, x2, x3 *float32, w *uint8, ws, k, quads int, out *float32, os, nx int, far bool)
+
+//go:noescape
+func fp8Gemm4AVX512(x0, x1, x2, x3 *float32, w *uint8, ws, k, quads int, out *float32, os, nx int, far bool)
 
 //go:noescape
 func bf16ToF32AVX512(dst *float32, src *uint16, n int)

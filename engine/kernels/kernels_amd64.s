@@ -12,6 +12,11 @@
 // (sign in bit 15, the 4 exponent and 3 mantissa bits under a half's bias
 // of 15 instead of 7, subnormals included); VCVTPH2PS widens it to F32. The
 // callers multiply by 256. The NaN codes 0x7F/0xFF decode as ±480.
+//
+// Every kernel that produces a row's dot product (the 4x4, 1x4, GEMV and
+// GEMM kernels) sums it in the same order: one accumulator per output,
+// 16-column blocks in sequence, the masked tail last, then REDUCE4. So a
+// sequence's results do not depend on how many others share its batch.
 
 // TAILMASK sets K1 to the low CX bits (1 <= CX <= 15). Clobbers AX.
 #define TAILMASK \
@@ -158,28 +163,216 @@
 	ANDQ $-16, R13
 
 // GEMVQUAD sets up the quad at DI: row pointers DI, R9, R10, R11, the
-// prefetch pointer R12, zero accumulators Z0-Z7 and BX = 0.
+// prefetch pointer R12, zero accumulators Z0-Z3 and BX = 0.
 #define GEMVQUAD \
 	LEAQ   (DI)(DX*1), R9; \
 	LEAQ   (DI)(DX*2), R10; \
 	LEAQ   (R9)(DX*2), R11; \
 	VPXORD Z0, Z0, Z0; VPXORD Z1, Z1, Z1; VPXORD Z2, Z2, Z2; VPXORD Z3, Z3, Z3; \
-	VPXORD Z4, Z4, Z4; VPXORD Z5, Z5, Z5; VPXORD Z6, Z6, Z6; VPXORD Z7, Z7, Z7; \
 	XORQ   BX, BX
 
 // GEMVSTORE reduces the accumulators, stores the quad's four sums at R14
 // and moves on to the next quad; it jumps to loop while quads remain.
 #define GEMVSTORE(loop) \
-	VADDPS  Z4, Z0, Z0; \
-	VADDPS  Z5, Z1, Z1; \
-	VADDPS  Z6, Z2, Z2; \
-	VADDPS  Z7, Z3, Z3; \
 	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0); \
 	VMOVUPS X0, (R14); \
 	ADDQ    $16, R14; \
 	LEAQ    (DI)(DX*4), DI; \
 	DECQ    R8; \
 	JNZ     loop
+
+// The GEMM kernels below are the GEMV kernels for small batches: one call
+// multiplies two (Gemm2) or four (Gemm4) x rows by many quads of W rows,
+// decoding each W vector once for all of them, and prefetches the next
+// quad (pf = one quad, as for GEMV; into L2 only when far is set) while
+// multiplying the current one. Gemm4 also serves three x rows: the caller
+// repeats the third row pointer and nx = 3 masks off the fourth row's
+// stores (K2). Accumulators Z(4t+r) hold x row t times W row r.
+//
+// Registers: x rows SI, R9 (, R10, R11); W rows DI, R12, R13, R8 of DX
+// bytes; the prefetch pointer R14; BX the column; AX = k&^15; CX = os in
+// bytes; K1 the mask of the last k%16 columns. The quad count and the out
+// pointer live in the argument slots.
+
+// GEMMSETUP(wshift, k, os) loads W, the strides, K1 and AX; the x rows
+// are loaded by the caller.
+#define GEMMSETUP(wshift, k, os) \
+	MOVQ w+32(FP), DI; \
+	MOVQ ws+40(FP), DX; \
+	SHLQ $wshift, DX; \
+	MOVQ k, CX; \
+	ANDQ $15, CX; \
+	TAILMASK; \
+	MOVQ k, AX; \
+	ANDQ $-16, AX; \
+	MOVQ os, CX; \
+	SHLQ $2, CX
+
+// GEMMQUAD sets up the W row pointers of the quad at DI, the prefetch
+// pointer R14 (the next quad) and BX = 0.
+#define GEMMQUAD \
+	LEAQ (DI)(DX*1), R12; \
+	LEAQ (DI)(DX*2), R13; \
+	LEAQ (R12)(DX*2), R8; \
+	LEAQ (R8)(DX*1), R14; \
+	XORQ BX, BX
+
+// F24FMA multiplies x rows Z16, Z17 by W rows Z20-Z23 into Z0-Z7.
+#define F24FMA \
+	VFMADD231PS Z20, Z16, Z0; VFMADD231PS Z20, Z17, Z4; \
+	VFMADD231PS Z21, Z16, Z1; VFMADD231PS Z21, Z17, Z5; \
+	VFMADD231PS Z22, Z16, Z2; VFMADD231PS Z22, Z17, Z6; \
+	VFMADD231PS Z23, Z16, Z3; VFMADD231PS Z23, Z17, Z7
+
+#define ZERO8 \
+	VPXORD Z0, Z0, Z0; VPXORD Z1, Z1, Z1; VPXORD Z2, Z2, Z2; VPXORD Z3, Z3, Z3; \
+	VPXORD Z4, Z4, Z4; VPXORD Z5, Z5, Z5; VPXORD Z6, Z6, Z6; VPXORD Z7, Z7, Z7
+
+// Prefetch steps: each 16-column step of a quad consumes 64 bytes of W
+// per weight byte, and prefetches as much of the next quad.
+#define PF1(PF) PF (R14)(BX*4)
+#define PF2(PF) PF (R14)(BX*8); PF 64(R14)(BX*8)
+#define PF4(PF) PF (R14); PF 64(R14); PF 128(R14); PF 192(R14); ADDQ $256, R14
+
+// W4F32, W4BF16 and W4FP8 load 16 columns (at BX) of the quad's four W
+// rows, widened to F32, into Z20-Z23.
+#define W4F32 \
+	VMOVUPS (DI)(BX*4), Z20; VMOVUPS (R12)(BX*4), Z21; VMOVUPS (R13)(BX*4), Z22; VMOVUPS (R8)(BX*4), Z23
+#define W4BF16 \
+	BF16((DI)(BX*2), Z20); BF16((R12)(BX*2), Z21); BF16((R13)(BX*2), Z22); BF16((R8)(BX*2), Z23)
+#define W4FP8 \
+	FP8((DI)(BX*1), Y20, Z20); FP8((R12)(BX*1), Y21, Z21); FP8((R13)(BX*1), Y22, Z22); FP8((R8)(BX*1), Y23, Z23)
+
+// Masked loads of the last k%16 columns of the W rows.
+#define W4F32TAIL \
+	VMOVUPS.Z (DI)(BX*4), K1, Z20; VMOVUPS.Z (R12)(BX*4), K1, Z21; \
+	VMOVUPS.Z (R13)(BX*4), K1, Z22; VMOVUPS.Z (R8)(BX*4), K1, Z23
+#define W4BF16TAIL \
+	VMOVDQU16.Z (DI)(BX*2), K1, Y20; VMOVDQU16.Z (R12)(BX*2), K1, Y21; \
+	VMOVDQU16.Z (R13)(BX*2), K1, Y22; VMOVDQU16.Z (R8)(BX*2), K1, Y23; \
+	BF16(Y20, Z20); BF16(Y21, Z21); BF16(Y22, Z22); BF16(Y23, Z23)
+#define W4FP8TAIL \
+	VMOVDQU8.Z (DI)(BX*1), K1, X20; VMOVDQU8.Z (R12)(BX*1), K1, X21; \
+	VMOVDQU8.Z (R13)(BX*1), K1, X22; VMOVDQU8.Z (R8)(BX*1), K1, X23; \
+	FP8(X20, Y20, Z20); FP8(X21, Y21, Z21); FP8(X22, Y22, Z22); FP8(X23, Y23, Z23)
+
+// LOADX2 / LOADX2TAIL load 16 columns of x rows SI, R9 into Z16, Z17.
+#define LOADX2 \
+	VMOVUPS (SI)(BX*4), Z16; \
+	VMOVUPS (R9)(BX*4), Z17
+#define LOADX2TAIL \
+	VMOVUPS.Z (SI)(BX*4), K1, Z16; \
+	VMOVUPS.Z (R9)(BX*4), K1, Z17
+
+// GEMM4(name, wshift, PFSTEP, W4, W4TAIL) is the body of a Gemm4 kernel.
+// func name(x0, x1, x2, x3 *float32, w *T, ws, k, quads int, out *float32, os, nx int, far bool)
+#define GEMM4(wshift, PFSTEP, W4, W4TAIL, quad, loop0, loop1, tail, store) \
+	MOVQ x0+0(FP), SI; \
+	MOVQ x1+8(FP), R9; \
+	MOVQ x2+16(FP), R10; \
+	MOVQ x3+24(FP), R11; \
+	GEMMSETUP(wshift, k+48(FP), os+72(FP)); \
+	MOVQ nx+80(FP), BX; \
+	SUBQ $3, BX; \
+	NEGQ BX; \
+	ANDQ $15, BX; \
+	KMOVW BX, K2; \
+quad: \
+	GEMMQUAD; \
+	ZERO16; \
+	TESTQ AX, AX; \
+	JZ    tail; \
+	CMPB  far+88(FP), $0; \
+	JNE   loop1; \
+loop0: \
+	PFSTEP(PREFETCHT0); \
+	LOADX4; \
+	W4; \
+	F44FMA; \
+	ADDQ $16, BX; \
+	CMPQ BX, AX; \
+	JB   loop0; \
+	JMP  tail; \
+loop1: \
+	PFSTEP(PREFETCHT1); \
+	LOADX4; \
+	W4; \
+	F44FMA; \
+	ADDQ $16, BX; \
+	CMPQ BX, AX; \
+	JB   loop1; \
+tail: \
+	CMPQ BX, k+48(FP); \
+	JAE  store; \
+	LOADX4TAIL; \
+	W4TAIL; \
+	F44FMA; \
+store: \
+	MOVQ    out+64(FP), BX; \
+	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0); \
+	VMOVUPS X0, (BX); \
+	REDUCE4(Z4, Z5, Z6, Z7, Y4, Y5, Y6, Y7, X4); \
+	VMOVUPS X4, (BX)(CX*1); \
+	REDUCE4(Z8, Z9, Z10, Z11, Y8, Y9, Y10, Y11, X8); \
+	VMOVUPS X8, (BX)(CX*2); \
+	REDUCE4(Z12, Z13, Z14, Z15, Y12, Y13, Y14, Y15, X12); \
+	LEAQ    (BX)(CX*2), BX; \
+	VMOVUPS X12, K2, (BX)(CX*1); \
+	ADDQ    $16, out+64(FP); \
+	LEAQ    (DI)(DX*4), DI; \
+	DECQ    quads+56(FP); \
+	JNZ     quad; \
+	VZEROUPPER; \
+	RET
+
+// GEMM2 is the body of a Gemm2 kernel.
+// func name(x0, x1 *float32, _ int, _ int, w *T, ws, k, quads int, out *float32, os int, _ int, far bool)
+#define GEMM2(wshift, PFSTEP, W4, W4TAIL, quad, loop0, loop1, tail, store) \
+	MOVQ x0+0(FP), SI; \
+	MOVQ x1+8(FP), R9; \
+	GEMMSETUP(wshift, k+48(FP), os+72(FP)); \
+quad: \
+	GEMMQUAD; \
+	ZERO8; \
+	TESTQ AX, AX; \
+	JZ    tail; \
+	CMPB  far+88(FP), $0; \
+	JNE   loop1; \
+loop0: \
+	PFSTEP(PREFETCHT0); \
+	LOADX2; \
+	W4; \
+	F24FMA; \
+	ADDQ $16, BX; \
+	CMPQ BX, AX; \
+	JB   loop0; \
+	JMP  tail; \
+loop1: \
+	PFSTEP(PREFETCHT1); \
+	LOADX2; \
+	W4; \
+	F24FMA; \
+	ADDQ $16, BX; \
+	CMPQ BX, AX; \
+	JB   loop1; \
+tail: \
+	CMPQ BX, k+48(FP); \
+	JAE  store; \
+	LOADX2TAIL; \
+	W4TAIL; \
+	F24FMA; \
+store: \
+	MOVQ    out+64(FP), BX; \
+	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0); \
+	VMOVUPS X0, (BX); \
+	REDUCE4(Z4, Z5, Z6, Z7, Y4, Y5, Y6, Y7, X4); \
+	VMOVUPS X4, (BX)(CX*1); \
+	ADDQ    $16, out+64(FP); \
+	LEAQ    (DI)(DX*4), DI; \
+	DECQ    quads+56(FP); \
+	JNZ     quad; \
+	VZEROUPPER; \
+	RET
 
 // func f32Dot4x4AVX512(x *float32, xs int, w *float32, ws int, k int, out *float32, os int)
 // out[t*os+r] += Σ_j x[t*xs+j] * w[r*ws+j] for t, r < 4.
@@ -255,8 +448,7 @@ f44reduce:
 	RET
 
 // func f32Dot1x4AVX512(x *float32, w *float32, ws int, k int, out *float32)
-// out[r] += Σ_j x[j] * w[r*ws+j] for r < 4. Two sets of accumulators
-// (Z0-Z3, Z4-Z7) over 32 columns per iteration.
+// out[r] += Σ_j x[j] * w[r*ws+j] for r < 4, 32 columns per iteration.
 TEXT ·f32Dot1x4AVX512(SB), NOSPLIT, $0-40
 	MOVQ x+0(FP), SI
 	MOVQ w+8(FP), DI
@@ -280,10 +472,10 @@ f14loop:
 	VFMADD231PS (R9)(BX*4), Z16, Z1
 	VFMADD231PS (R10)(BX*4), Z16, Z2
 	VFMADD231PS (R11)(BX*4), Z16, Z3
-	VFMADD231PS 64(DI)(BX*4), Z17, Z4
-	VFMADD231PS 64(R9)(BX*4), Z17, Z5
-	VFMADD231PS 64(R10)(BX*4), Z17, Z6
-	VFMADD231PS 64(R11)(BX*4), Z17, Z7
+	VFMADD231PS 64(DI)(BX*4), Z17, Z0
+	VFMADD231PS 64(R9)(BX*4), Z17, Z1
+	VFMADD231PS 64(R10)(BX*4), Z17, Z2
+	VFMADD231PS 64(R11)(BX*4), Z17, Z3
 	ADDQ        $32, BX
 	CMPQ        BX, AX
 	JB          f14loop
@@ -309,16 +501,12 @@ f14tail:
 	VMOVUPS.Z   (R9)(BX*4), K1, Z21
 	VMOVUPS.Z   (R10)(BX*4), K1, Z22
 	VMOVUPS.Z   (R11)(BX*4), K1, Z23
-	VFMADD231PS Z20, Z16, Z4
-	VFMADD231PS Z21, Z16, Z5
-	VFMADD231PS Z22, Z16, Z6
-	VFMADD231PS Z23, Z16, Z7
+	VFMADD231PS Z20, Z16, Z0
+	VFMADD231PS Z21, Z16, Z1
+	VFMADD231PS Z22, Z16, Z2
+	VFMADD231PS Z23, Z16, Z3
 
 f14reduce:
-	VADDPS Z4, Z0, Z0
-	VADDPS Z5, Z1, Z1
-	VADDPS Z6, Z2, Z2
-	VADDPS Z7, Z3, Z3
 	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0)
 	MOVQ    out+32(FP), R8
 	VADDPS  (R8), X0, X0
@@ -413,10 +601,10 @@ b14loop:
 	VFMADD231PS Z21, Z16, Z1
 	VFMADD231PS Z22, Z16, Z2
 	VFMADD231PS Z23, Z16, Z3
-	VFMADD231PS Z24, Z17, Z4
-	VFMADD231PS Z25, Z17, Z5
-	VFMADD231PS Z26, Z17, Z6
-	VFMADD231PS Z27, Z17, Z7
+	VFMADD231PS Z24, Z17, Z0
+	VFMADD231PS Z25, Z17, Z1
+	VFMADD231PS Z26, Z17, Z2
+	VFMADD231PS Z27, Z17, Z3
 	ADDQ        $32, BX
 	CMPQ        BX, AX
 	JB          b14loop
@@ -450,16 +638,12 @@ b14tail:
 	BF16(Y21, Z21)
 	BF16(Y22, Z22)
 	BF16(Y23, Z23)
-	VFMADD231PS Z20, Z16, Z4
-	VFMADD231PS Z21, Z16, Z5
-	VFMADD231PS Z22, Z16, Z6
-	VFMADD231PS Z23, Z16, Z7
+	VFMADD231PS Z20, Z16, Z0
+	VFMADD231PS Z21, Z16, Z1
+	VFMADD231PS Z22, Z16, Z2
+	VFMADD231PS Z23, Z16, Z3
 
 b14reduce:
-	VADDPS Z4, Z0, Z0
-	VADDPS Z5, Z1, Z1
-	VADDPS Z6, Z2, Z2
-	VADDPS Z7, Z3, Z3
 	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0)
 	MOVQ    out+32(FP), R8
 	VMOVUPS X0, (R8)
@@ -532,10 +716,10 @@ e14loop:
 	VFMADD231PS Z21, Z16, Z1
 	VFMADD231PS Z22, Z16, Z2
 	VFMADD231PS Z23, Z16, Z3
-	VFMADD231PS Z24, Z17, Z4
-	VFMADD231PS Z25, Z17, Z5
-	VFMADD231PS Z26, Z17, Z6
-	VFMADD231PS Z27, Z17, Z7
+	VFMADD231PS Z24, Z17, Z0
+	VFMADD231PS Z25, Z17, Z1
+	VFMADD231PS Z26, Z17, Z2
+	VFMADD231PS Z27, Z17, Z3
 	ADDQ        $32, BX
 	CMPQ        BX, AX
 	JB          e14loop
@@ -569,16 +753,12 @@ e14tail:
 	FP8(X21, Y21, Z21)
 	FP8(X22, Y22, Z22)
 	FP8(X23, Y23, Z23)
-	VFMADD231PS Z20, Z16, Z4
-	VFMADD231PS Z21, Z16, Z5
-	VFMADD231PS Z22, Z16, Z6
-	VFMADD231PS Z23, Z16, Z7
+	VFMADD231PS Z20, Z16, Z0
+	VFMADD231PS Z21, Z16, Z1
+	VFMADD231PS Z22, Z16, Z2
+	VFMADD231PS Z23, Z16, Z3
 
 e14reduce:
-	VADDPS Z4, Z0, Z0
-	VADDPS Z5, Z1, Z1
-	VADDPS Z6, Z2, Z2
-	VADDPS Z7, Z3, Z3
 	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0)
 	MOVQ    out+32(FP), R8
 	VMOVUPS X0, (R8)
@@ -896,10 +1076,10 @@ e44reduce:
 	VFMADD231PS (R9)(BX*4), Z16, Z1; \
 	VFMADD231PS (R10)(BX*4), Z16, Z2; \
 	VFMADD231PS (R11)(BX*4), Z16, Z3; \
-	VFMADD231PS 64(DI)(BX*4), Z17, Z4; \
-	VFMADD231PS 64(R9)(BX*4), Z17, Z5; \
-	VFMADD231PS 64(R10)(BX*4), Z17, Z6; \
-	VFMADD231PS 64(R11)(BX*4), Z17, Z7
+	VFMADD231PS 64(DI)(BX*4), Z17, Z0; \
+	VFMADD231PS 64(R9)(BX*4), Z17, Z1; \
+	VFMADD231PS 64(R10)(BX*4), Z17, Z2; \
+	VFMADD231PS 64(R11)(BX*4), Z17, Z3
 
 #define BGLOOPBODY(PF) \
 	PF          (R12)(BX*8); \
@@ -920,10 +1100,10 @@ e44reduce:
 	VFMADD231PS Z21, Z16, Z1; \
 	VFMADD231PS Z22, Z16, Z2; \
 	VFMADD231PS Z23, Z16, Z3; \
-	VFMADD231PS Z24, Z17, Z4; \
-	VFMADD231PS Z25, Z17, Z5; \
-	VFMADD231PS Z26, Z17, Z6; \
-	VFMADD231PS Z27, Z17, Z7
+	VFMADD231PS Z24, Z17, Z0; \
+	VFMADD231PS Z25, Z17, Z1; \
+	VFMADD231PS Z26, Z17, Z2; \
+	VFMADD231PS Z27, Z17, Z3
 
 #define EGLOOPBODY(PF) \
 	PF          (R12)(BX*4); \
@@ -942,10 +1122,10 @@ e44reduce:
 	VFMADD231PS Z21, Z16, Z1; \
 	VFMADD231PS Z22, Z16, Z2; \
 	VFMADD231PS Z23, Z16, Z3; \
-	VFMADD231PS Z24, Z17, Z4; \
-	VFMADD231PS Z25, Z17, Z5; \
-	VFMADD231PS Z26, Z17, Z6; \
-	VFMADD231PS Z27, Z17, Z7
+	VFMADD231PS Z24, Z17, Z0; \
+	VFMADD231PS Z25, Z17, Z1; \
+	VFMADD231PS Z26, Z17, Z2; \
+	VFMADD231PS Z27, Z17, Z3
 
 // func f32GemvAVX512(x *float32, w *float32, ws int, k int, quads int, out *float32, pf int, far bool)
 // out[r] = Σ_j x[j] * w[r*ws+j] for r < 4*quads.
@@ -994,10 +1174,10 @@ fgtail:
 	VMOVUPS.Z   (R9)(BX*4), K1, Z21
 	VMOVUPS.Z   (R10)(BX*4), K1, Z22
 	VMOVUPS.Z   (R11)(BX*4), K1, Z23
-	VFMADD231PS Z20, Z16, Z4
-	VFMADD231PS Z21, Z16, Z5
-	VFMADD231PS Z22, Z16, Z6
-	VFMADD231PS Z23, Z16, Z7
+	VFMADD231PS Z20, Z16, Z0
+	VFMADD231PS Z21, Z16, Z1
+	VFMADD231PS Z22, Z16, Z2
+	VFMADD231PS Z23, Z16, Z3
 
 fgreduce:
 	GEMVSTORE(fgquad)
@@ -1059,10 +1239,10 @@ bgtail:
 	BF16(Y21, Z21)
 	BF16(Y22, Z22)
 	BF16(Y23, Z23)
-	VFMADD231PS Z20, Z16, Z4
-	VFMADD231PS Z21, Z16, Z5
-	VFMADD231PS Z22, Z16, Z6
-	VFMADD231PS Z23, Z16, Z7
+	VFMADD231PS Z20, Z16, Z0
+	VFMADD231PS Z21, Z16, Z1
+	VFMADD231PS Z22, Z16, Z2
+	VFMADD231PS Z23, Z16, Z3
 
 bgreduce:
 	GEMVSTORE(bgquad)
@@ -1126,12 +1306,42 @@ egtail:
 	FP8(X21, Y21, Z21)
 	FP8(X22, Y22, Z22)
 	FP8(X23, Y23, Z23)
-	VFMADD231PS Z20, Z16, Z4
-	VFMADD231PS Z21, Z16, Z5
-	VFMADD231PS Z22, Z16, Z6
-	VFMADD231PS Z23, Z16, Z7
+	VFMADD231PS Z20, Z16, Z0
+	VFMADD231PS Z21, Z16, Z1
+	VFMADD231PS Z22, Z16, Z2
+	VFMADD231PS Z23, Z16, Z3
 
 egreduce:
 	GEMVSTORE(egquad)
 	VZEROUPPER
 	RET
+
+// func f32Gemm4AVX512(x0, x1, x2, x3 *float32, w *float32, ws, k, quads int, out *float32, os, nx int, far bool)
+// out[t*os+r] = Σ_j x_t[j] * w[r*ws+j] for t < nx, r < 4*quads.
+TEXT ·f32Gemm4AVX512(SB), NOSPLIT, $0-89
+	GEMM4(2, PF4, W4F32, W4F32TAIL, fq4, fl40, fl41, ft4, fs4)
+
+// func bf16Gemm4AVX512(x0, x1, x2, x3 *float32, w *uint16, ws, k, quads int, out *float32, os, nx int, far bool)
+TEXT ·bf16Gemm4AVX512(SB), NOSPLIT, $0-89
+	GEMM4(1, PF2, W4BF16, W4BF16TAIL, bq4, bl40, bl41, bt4, bs4)
+
+// func fp8Gemm4AVX512(x0, x1, x2, x3 *float32, w *uint8, ws, k, quads int, out *float32, os, nx int, far bool)
+// The products are raw (fp8/256), as for the other FP8 kernels.
+TEXT ·fp8Gemm4AVX512(SB), NOSPLIT, $0-89
+	FP8MASK
+	GEMM4(0, PF1, W4FP8, W4FP8TAIL, eq4, el40, el41, et4, es4)
+
+// func f32Gemm2AVX512(x0, x1, x2, x3 *float32, w *float32, ws, k, quads int, out *float32, os, nx int, far bool)
+// out[t*os+r] = Σ_j x_t[j] * w[r*ws+j] for t < 2, r < 4*quads; x2, x3
+// and nx are unused.
+TEXT ·f32Gemm2AVX512(SB), NOSPLIT, $0-89
+	GEMM2(2, PF4, W4F32, W4F32TAIL, fq2, fl20, fl21, ft2, fs2)
+
+// func bf16Gemm2AVX512(x0, x1, x2, x3 *float32, w *uint16, ws, k, quads int, out *float32, os, nx int, far bool)
+TEXT ·bf16Gemm2AVX512(SB), NOSPLIT, $0-89
+	GEMM2(1, PF2, W4BF16, W4BF16TAIL, bq2, bl20, bl21, bt2, bs2)
+
+// func fp8Gemm2AVX512(x0, x1, x2, x3 *float32, w *uint8, ws, k, quads int, out *float32, os, nx int, far bool)
+TEXT ·fp8Gemm2AVX512(SB), NOSPLIT, $0-89
+	FP8MASK
+	GEMM2(0, PF1, W4FP8, W4FP8TAIL, eq2, el20, el21, et2, es2)

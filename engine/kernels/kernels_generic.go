@@ -41,6 +41,14 @@ type kernelSet struct {
 	f32Gemv  func(x, w []float32, ws, k, rows int, out []float32)
 	bf16Gemv func(x []float32, w []uint16, ws, k, rows int, out []float32)
 	fp8Gemv  func(x []float32, w []uint8, ws, k, rows int, out []float32)
+	// f32Gemm, bf16Gemm and fp8Gemm, where a set has them, are the
+	// small-batch products: for nx (1 to 4) x rows of stride xs they store
+	// Σ_j x[t*xs+j]*W[r][j] (raw for FP8) into out[t*os+r] for t < nx,
+	// r < rows, decoding each W element once. Sets without them run small
+	// batches through the 4x4 and 1x4 kernels.
+	f32Gemm  func(x []float32, xs, nx int, w []float32, ws, k, rows int, out []float32, os int)
+	bf16Gemm func(x []float32, xs, nx int, w []uint16, ws, k, rows int, out []float32, os int)
+	fp8Gemm  func(x []float32, xs, nx int, w []uint8, ws, k, rows int, out []float32, os int)
 	// bf16ToF32 widens src into dst; len(dst) == len(src).
 	bf16ToF32 func(dst []float32, src []uint16)
 	// fp8ToF32 stores E4M3(src[j])/256*mul into dst[j]; len(dst) == len(src).

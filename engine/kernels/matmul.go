@@ -25,6 +25,13 @@ const (
 	// Small x is not split by columns: W then streams in whole rows,
 	// which the hardware prefetchers handle best.
 	kBlock = 1024
+	// gemmMaxN is the largest batch that runs through the small-batch
+	// kernels (kernelSet.f32Gemm etc.); larger ones use the 4x4 tiles.
+	gemmMaxN = 64
+	// gemmChunkBytes bounds the W rows that the small-batch kernels
+	// multiply by each group of four x rows in turn: the first group
+	// streams them from memory, the others find them in cache.
+	gemmChunkBytes = 32 << 10
 )
 
 // MatMul computes out[t*Rows+i] = Σ_j x[t*Cols+j] * W[i][j] for t < n: x is
@@ -78,6 +85,10 @@ func (c *mmCall) f32(lo, hi int) {
 	w := c.w.F32
 	if n == 1 && ks.f32Gemv != nil {
 		ks.f32Gemv(x, w[lo*cols:], cols, cols, hi-lo, out[lo:hi])
+		return
+	}
+	if n <= gemmMaxN && n*cols*4 <= xBlockBytes && ks.f32Gemm != nil {
+		smallBatch(ks.f32Gemm, x, n, w, 4, rows, cols, lo, hi, out)
 		return
 	}
 	for t := 0; t < n; t++ {
@@ -177,6 +188,14 @@ func (c *mmCall) decode(x []float32, t0, t1, lo, hi int) {
 		ks.fp8Gemv(x, w.FP8[lo*cols:], cols, cols, hi-lo, out[lo:hi])
 		return
 	}
+	if n <= gemmMaxN && bf && ks.bf16Gemm != nil {
+		smallBatch(ks.bf16Gemm, x, n, w.BF16, 2, rows, cols, lo, hi, out)
+		return
+	}
+	if n <= gemmMaxN && !bf && ks.fp8Gemm != nil {
+		smallBatch(ks.fp8Gemm, x, n, w.FP8, 1, rows, cols, lo, hi, out)
+		return
+	}
 	i := lo
 	for ; i+4 <= hi; i += 4 {
 		t := 0
@@ -203,6 +222,21 @@ func (c *mmCall) decode(x []float32, t0, t1, lo, hi int) {
 			} else {
 				out[t*rows+i] = ks.fp8Dot(xt, w.FP8[i*cols:(i+1)*cols])
 			}
+		}
+	}
+}
+
+// smallBatch stores the products of x rows [0, n) with W rows [lo, hi)
+// (size bytes a weight) through a small-batch kernel: W is taken
+// gemmChunkBytes at a time, and each chunk is multiplied by every group of
+// four x rows.
+func smallBatch[T any](gemm func(x []float32, xs, nx int, w []T, ws, k, rows int, out []float32, os int),
+	x []float32, n int, w []T, size, rows, cols, lo, hi int, out []float32) {
+	chunk := max(4, gemmChunkBytes/(cols*size)&^3)
+	for r0 := lo; r0 < hi; r0 += chunk {
+		r1 := min(hi, r0+chunk)
+		for t := 0; t < n; t += 4 {
+			gemm(x[t*cols:], cols, min(4, n-t), w[r0*cols:], cols, cols, r1-r0, out[t*rows+r0:], rows)
 		}
 	}
 }

@@ -126,7 +126,7 @@ func kernelSets() []*kernelSet {
 }
 
 func TestMatMulMatchesNaive(t *testing.T) {
-	ns := []int{1, 2, 3, 5, 17}
+	ns := []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 17}
 	rowsList := []int{1, 4, 7, 130, 257}
 	colsList := []int{1, 8, 15, 16, 172, 300, 1024}
 	type testCase struct {
@@ -182,6 +182,110 @@ func TestMatMulMatchesNaive(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGemmKernels checks the small-batch kernels of every set that has
+// them against the single-row dot kernels of the portable set, with x, W
+// and out strides longer than the rows and every x row count they take.
+func TestGemmKernels(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	for _, ks := range kernelSets() {
+		if ks.fp8Gemm == nil {
+			continue
+		}
+		for _, k := range []weightKind{weightKinds[0], weightKinds[1], weightKinds[2]} {
+			for _, rows := range []int{1, 4, 7, 13} {
+				for _, cols := range []int{1, 15, 16, 17, 172, 300} {
+					for nx := 1; nx <= 4; nx++ {
+						xs, ws, os := cols+3, cols+2, rows+5
+						w := newMatrix(rng, k, rows, ws)
+						x := randomVector(rng, nx*xs)
+						got := make([]float32, nx*os)
+						want := make([]float32, nx*os)
+						for i := range got {
+							got[i], want[i] = 42, 42 // outside the products: must stay
+						}
+						mag := make([]float64, nx*os)
+						for r := 0; r < rows; r++ {
+							for c := 0; c < nx; c++ {
+								xt := x[c*xs : c*xs+cols]
+								switch k.dt {
+								case dtype.F32:
+									want[c*os+r] = dotGo(xt, w.F32[r*ws:r*ws+cols])
+								case dtype.BF16:
+									want[c*os+r] = bf16DotGo(xt, w.BF16[r*ws:r*ws+cols])
+								default:
+									want[c*os+r] = fp8DotGo(xt, w.FP8[r*ws:r*ws+cols])
+								}
+								for j, v := range xt {
+									var wv float32
+									switch k.dt {
+									case dtype.F32:
+										wv = w.F32[r*ws+j]
+									case dtype.BF16:
+										wv = dtype.BF16ToF32(w.BF16[r*ws+j])
+									default:
+										wv = fp8Raw[w.FP8[r*ws+j]]
+									}
+									mag[c*os+r] += math.Abs(float64(v) * float64(wv))
+								}
+							}
+						}
+						switch k.dt {
+						case dtype.F32:
+							ks.f32Gemm(x, xs, nx, w.F32, ws, cols, rows, got, os)
+						case dtype.BF16:
+							ks.bf16Gemm(x, xs, nx, w.BF16, ws, cols, rows, got, os)
+						default:
+							ks.fp8Gemm(x, xs, nx, w.FP8, ws, cols, rows, got, os)
+						}
+						if err := closeTo(got, want, mag); err != nil {
+							t.Fatalf("%s %s nx=%d %dx%d: %v", ks.name, k.name, nx, rows, cols, err)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestMatMulBatchInvariant checks that each x row's products are bit for
+// bit the same whether it is multiplied alone or in a batch, with the
+// kernel sets that promise it (the continuous batching engine relies on
+// it for greedy decoding to not depend on load).
+func TestMatMulBatchInvariant(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 6))
+	for _, ks := range kernelSets() {
+		if ks.name == "avx2" {
+			continue // its 4x4 and 1x4 kernels sum in different orders
+		}
+		for _, k := range weightKinds {
+			for _, shape := range [][2]int{{7, 172}, {130, 300}, {257, 64}} {
+				rows, cols := shape[0], shape[1]
+				w := newMatrix(rng, k, rows, cols)
+				for _, n := range []int{2, 3, 4, 5, 6, 7, 8, 9, 17, 70} {
+					for _, threads := range []int{1, 2} {
+						p := newPool(threads, ks)
+						x := randomVector(rng, n*cols)
+						batch := make([]float32, n*rows)
+						p.MatMul(batch, x, n, w)
+						alone := make([]float32, rows)
+						for r := 0; r < n; r++ {
+							p.MatMul(alone, x[r*cols:(r+1)*cols], 1, w)
+							for i, v := range alone {
+								if got := batch[r*rows+i]; math.Float32bits(got) != math.Float32bits(v) {
+									p.Close()
+									t.Fatalf("%s %s %dx%d n=%d threads=%d: row %d out[%d] = %g batched, %g alone",
+										ks.name, k.name, rows, cols, n, threads, r, i, got, v)
+								}
+							}
+						}
+						p.Close()
+					}
+				}
+			}
+		}
 	}
 }
 
