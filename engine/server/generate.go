@@ -63,21 +63,12 @@ func (h *head) tokenText(id int32) string {
 }
 
 func (s *Server) completions(c *gin.Context) {
-	l, eng, e := s.acquire()
-	if e != nil {
-		writeError(c, e)
+	var req openai.CompletionRequest
+	l, eng, ok := s.admit(c, &req, &req.Model)
+	if !ok {
 		return
 	}
 	defer s.release()
-	var req openai.CompletionRequest
-	if e := s.decodeBody(c, &req); e != nil {
-		writeError(c, e)
-		return
-	}
-	if e := checkModel(l, req.Model); e != nil {
-		writeError(c, e)
-		return
-	}
 	if e := req.CheckSupported(); e != nil {
 		writeError(c, e)
 		return
@@ -107,21 +98,12 @@ func (s *Server) completions(c *gin.Context) {
 }
 
 func (s *Server) chatCompletions(c *gin.Context) {
-	l, eng, e := s.acquire()
-	if e != nil {
-		writeError(c, e)
+	var req openai.ChatCompletionRequest
+	l, eng, ok := s.admit(c, &req, &req.Model)
+	if !ok {
 		return
 	}
 	defer s.release()
-	var req openai.ChatCompletionRequest
-	if e := s.decodeBody(c, &req); e != nil {
-		writeError(c, e)
-		return
-	}
-	if e := checkModel(l, req.Model); e != nil {
-		writeError(c, e)
-		return
-	}
 	if e := req.CheckSupported(); e != nil {
 		writeError(c, e)
 		return
@@ -417,21 +399,12 @@ func byteList(s string) []int {
 }
 
 func (s *Server) tokenize(c *gin.Context) {
-	l, _, e := s.acquire()
-	if e != nil {
-		writeError(c, e)
+	var req openai.TokenizeRequest
+	l, _, ok := s.admit(c, &req, &req.Model)
+	if !ok {
 		return
 	}
 	defer s.release()
-	var req openai.TokenizeRequest
-	if e := s.decodeBody(c, &req); e != nil {
-		writeError(c, e)
-		return
-	}
-	if e := checkModel(l, req.Model); e != nil {
-		writeError(c, e)
-		return
-	}
 	if l.Tokenizer == nil {
 		writeError(c, openai.InvalidRequest("prompt", "model %s has no tokenizer", l.Name))
 		return
@@ -470,21 +443,12 @@ func chatMessages(msgs []openai.ChatMessage) []tokenizer.Message {
 }
 
 func (s *Server) detokenize(c *gin.Context) {
-	l, _, e := s.acquire()
-	if e != nil {
-		writeError(c, e)
+	var req openai.DetokenizeRequest
+	l, _, ok := s.admit(c, &req, &req.Model)
+	if !ok {
 		return
 	}
 	defer s.release()
-	var req openai.DetokenizeRequest
-	if e := s.decodeBody(c, &req); e != nil {
-		writeError(c, e)
-		return
-	}
-	if e := checkModel(l, req.Model); e != nil {
-		writeError(c, e)
-		return
-	}
 	if l.Tokenizer == nil {
 		writeError(c, openai.InvalidRequest("tokens", "model %s has no tokenizer", l.Name))
 		return

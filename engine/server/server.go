@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stokehq/stoke/engine/core"
@@ -426,6 +427,27 @@ func (s *Server) acquire() (*Loaded, *core.Engine, *openai.Error) {
 	}
 	s.active++
 	return s.model, s.eng.engine, nil
+}
+
+// admit lets an API request in: the engine must be ready, the body must
+// decode into req, and *model (a field of req) must name the loaded model.
+// When ok is false the error response is written; otherwise the caller
+// must call s.release when done.
+func (s *Server) admit(c *gin.Context, req any, model *string) (l *Loaded, eng *core.Engine, ok bool) {
+	l, eng, e := s.acquire()
+	if e != nil {
+		writeError(c, e)
+		return nil, nil, false
+	}
+	if e = s.decodeBody(c, req); e == nil {
+		e = checkModel(l, *model)
+	}
+	if e != nil {
+		s.release()
+		writeError(c, e)
+		return nil, nil, false
+	}
+	return l, eng, true
 }
 
 func (s *Server) release() {
