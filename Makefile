@@ -5,7 +5,7 @@ BIN     := bin/stoke
 DATA    := .stoke
 DEMO    := $(DATA)/models/demo
 
-.PHONY: build run test bench lint fuzz clean
+.PHONY: build run deps test bench lint fuzz clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/stoke
@@ -16,7 +16,12 @@ run: build
 	@test -f $(DEMO)/config.json || $(BIN) model synth --preset small --out $(DEMO) --seed 1
 	$(BIN) generate --model $(DEMO) --prompt "Once upon a time" --max-tokens 48 --temperature 0.8 --seed 1
 
-test: lint
+# Test dependencies: the MinIO server the weight-store tests run against
+# (built once with `go install`, a few minutes the first time).
+deps:
+	@GO=$(GO) sh ./scripts/install-minio.sh
+
+test: deps lint
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race -short ./engine/... ./weightstore/... ./internal/...
 

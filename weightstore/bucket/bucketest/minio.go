@@ -1,0 +1,228 @@
+// Package bucketest starts a real MinIO server for tests that need an S3
+// endpoint. The server binary comes from scripts/install-minio.sh, which
+// `make deps` (and so `make test`) runs.
+package bucketest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// Root credentials of the servers StartMinIO starts.
+const (
+	// AccessKey is the root user (MINIO_ROOT_USER).
+	AccessKey = "stoke-test"
+	// SecretKey is the root password (MINIO_ROOT_PASSWORD).
+	SecretKey = "stoke-test-secret"
+)
+
+// startTimeout bounds how long a server may take to become ready.
+const startTimeout = 60 * time.Second
+
+// Binary returns the path of the MinIO server binary: $(go env GOPATH)/bin/minio,
+// else minio on PATH.
+func Binary() (string, error) {
+	var gopaths []string
+	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
+		gopaths = filepath.SplitList(strings.TrimSpace(string(out)))
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		gopaths = append(gopaths, filepath.Join(home, "go"))
+	}
+	var tried []string
+	for _, gp := range gopaths {
+		p := filepath.Join(gp, "bin", "minio")
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+		tried = append(tried, p)
+	}
+	p, err := exec.LookPath("minio")
+	if err != nil {
+		return "", fmt.Errorf("minio server binary not found (tried %s and PATH)", strings.Join(tried, ", "))
+	}
+	return p, nil
+}
+
+// StartMinIO starts a MinIO server on a free loopback port with a temporary
+// data directory, waits until it is ready and stops it when the test ends.
+// It returns the endpoint ("http://127.0.0.1:PORT") and root credentials.
+// Without the binary the test fails, telling how to install it, or is
+// skipped when STOKE_SKIP_MINIO=1.
+func StartMinIO(t testing.TB) (endpoint, accessKey, secretKey string) {
+	t.Helper()
+	bin, err := Binary()
+	if err != nil {
+		if os.Getenv("STOKE_SKIP_MINIO") == "1" {
+			t.Skipf("%v; skipping (STOKE_SKIP_MINIO=1)", err)
+		}
+		t.Fatalf("%v: run `make deps` (scripts/install-minio.sh)", err)
+	}
+	// A port found free may be taken before MinIO binds it; try again then.
+	var lastErr error
+	for range 3 {
+		endpoint, lastErr = start(t, bin)
+		if lastErr == nil {
+			return endpoint, AccessKey, SecretKey
+		}
+	}
+	t.Fatalf("start MinIO: %v", lastErr)
+	return "", "", ""
+}
+
+// syncBuffer collects a process's output for error messages.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func start(t testing.TB, bin string) (string, error) {
+	dir := t.TempDir()
+	ports, err := freePorts(2)
+	if err != nil {
+		return "", err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	cmd := exec.Command(bin, "server", filepath.Join(dir, "data"),
+		"--address", addr,
+		"--console-address", fmt.Sprintf("127.0.0.1:%d", ports[1]),
+		"--certs-dir", filepath.Join(dir, "certs"),
+		"--quiet")
+	cmd.Env = append(os.Environ(),
+		"MINIO_ROOT_USER="+AccessKey,
+		"MINIO_ROOT_PASSWORD="+SecretKey,
+		"MINIO_BROWSER=off",
+		"MINIO_UPDATE=off",
+		"HOME="+dir,
+	)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("run %s: %w", bin, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop := func() {
+		cmd.Process.Kill()
+		<-exited
+	}
+
+	endpoint := "http://" + addr
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if err := waitReady(ctx, endpoint, exited); err != nil {
+		stop()
+		return "", fmt.Errorf("MinIO at %s: %w; its output:\n%s", addr, err, out.String())
+	}
+	t.Cleanup(stop)
+	return endpoint, nil
+}
+
+// waitReady polls MinIO's liveness and then readiness probes.
+func waitReady(ctx context.Context, endpoint string, exited <-chan error) error {
+	client := &http.Client{Timeout: 2 * time.Second}
+	for _, probe := range []string{"/minio/health/live", "/minio/health/ready"} {
+		for {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+probe, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := client.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			select {
+			case err := <-exited:
+				return fmt.Errorf("server exited before %s answered: %v", probe, err)
+			case <-ctx.Done():
+				return fmt.Errorf("%s did not answer 200 in %v", probe, startTimeout)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// freePorts returns n distinct loopback TCP ports that were free just now.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// Client returns a minio-go client for a server StartMinIO started.
+func Client(t testing.TB, endpoint, accessKey, secretKey string) *minio.Client {
+	t.Helper()
+	host := strings.TrimPrefix(endpoint, "http://")
+	c, err := minio.New(host, &minio.Options{
+		Creds:        credentials.NewStaticV4(accessKey, secretKey, ""),
+		BucketLookup: minio.BucketLookupPath,
+	})
+	if err != nil {
+		t.Fatalf("MinIO client for %s: %v", endpoint, err)
+	}
+	return c
+}
+
+// MakeBucket creates the bucket name on the server, failing the test if it
+// cannot.
+func MakeBucket(t testing.TB, endpoint, accessKey, secretKey, name string) {
+	t.Helper()
+	c := Client(t, endpoint, accessKey, secretKey)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// A just-started server may still be initialising its drive.
+	for {
+		err := c.MakeBucket(ctx, name, minio.MakeBucketOptions{})
+		if err == nil {
+			return
+		}
+		if minio.ToErrorResponse(err).Code != "XMinioServerNotInitialized" || ctx.Err() != nil {
+			t.Fatalf("make bucket %s at %s: %v", name, endpoint, errors.Join(err, ctx.Err()))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
