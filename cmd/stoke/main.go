@@ -37,6 +37,6 @@ func newRootCmd() *cobra.Command {
 		},
 	}
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log debug messages")
-	root.AddCommand(newModelCmd(), newGenerateCmd(), newEngineCmd())
+	root.AddCommand(newModelCmd(), newGenerateCmd(), newEngineCmd(), newPushCmd())
 	return root
 }

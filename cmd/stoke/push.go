@@ -1,0 +1,89 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/spf13/cobra"
+
+	"github.com/stokehq/stoke/weightstore/bucket"
+	"github.com/stokehq/stoke/weightstore/push"
+)
+
+func newPushCmd() *cobra.Command {
+	var (
+		quantize, shardSize, endpoint, region string
+		pathStyle                             bool
+		parallel                              int
+	)
+	cmd := &cobra.Command{
+		Use:   "push DIR s3://BUCKET/NAME|file:///DIR/NAME",
+		Short: "Validate a checkpoint and upload it to a bucket as an immutable revision",
+		Long: `Push validates the checkpoint in DIR, optionally quantises it to FP8 and
+reshards it, uploads every file in parallel and writes manifest.json last,
+as the commit point. The model's name is the destination's last path
+element. Pushing identical content again uploads nothing. S3 settings come
+from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+AWS_REGION; --endpoint, --region and --path-style override them. The new
+revision's digest is printed on standard output.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir, dest := args[0], args[1]
+			var opts push.Options
+			switch strings.ToLower(quantize) {
+			case "":
+			case "fp8":
+				opts.Quantize = true
+			default:
+				return fmt.Errorf("--quantize: unsupported format %q (want fp8)", quantize)
+			}
+			var err error
+			if opts.ShardSize, err = parseSize(shardSize); err != nil {
+				return fmt.Errorf("--shard-size: %w", err)
+			}
+			if parallel < 1 {
+				return fmt.Errorf("--parallel must be at least 1, got %d", parallel)
+			}
+			opts.Parallel = parallel
+			s3 := bucket.S3OptionsFromEnv()
+			f := cmd.Flags()
+			if f.Changed("endpoint") {
+				s3.Endpoint = endpoint
+			}
+			if f.Changed("region") {
+				s3.Region = region
+			}
+			if f.Changed("path-style") {
+				s3.PathStyle = pathStyle
+			}
+			if _, err := push.ModelName(dest); err != nil {
+				return err
+			}
+			b, err := bucket.Open(cmd.Context(), dest, s3)
+			if err != nil {
+				return err
+			}
+			opts.Progress = cmd.ErrOrStderr()
+			start := time.Now()
+			m, err := push.Push(cmd.Context(), dir, b, opts)
+			if err != nil {
+				return err
+			}
+			slog.Info("pushed", "model", m.Model, "dest", b.URL(), "files", len(m.Files),
+				"size", humanize.IBytes(uint64(m.TotalBytes)), "dtype", m.DType, "elapsed", time.Since(start).Round(time.Millisecond))
+			fmt.Fprintln(cmd.OutOrStdout(), m.Revision)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&quantize, "quantize", "", "quantise before pushing: fp8 (E4M3, 128×128 block scales)")
+	f.StringVar(&shardSize, "shard-size", "0", "reshard into files of at most this size, e.g. 512MiB (0 = keep the layout)")
+	f.IntVar(&parallel, "parallel", push.DefaultParallel, "files uploaded at once")
+	f.StringVar(&endpoint, "endpoint", "", "S3 endpoint, e.g. http://127.0.0.1:9000 (default $AWS_ENDPOINT_URL, else AWS)")
+	f.StringVar(&region, "region", "", "S3 region (default $AWS_REGION)")
+	f.BoolVar(&pathStyle, "path-style", false, "path-style S3 addressing (http://host/bucket/key)")
+	return cmd
+}
