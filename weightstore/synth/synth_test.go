@@ -147,24 +147,55 @@ func TestFP8Synthetic100MAgreesWithF32(t *testing.T) {
 	}
 }
 
+// benchPreset is the synthetic model benchmarks run on
+// (STOKE_BENCH_PRESET, default 100m).
+func benchPreset() string {
+	if p := os.Getenv("STOKE_BENCH_PRESET"); p != "" {
+		return p
+	}
+	return "100m"
+}
+
+// benchModel writes and loads a synthetic model for a benchmark, released
+// when it ends.
+func benchModel(b *testing.B, preset string, d dtype.DType) *model.Model {
+	b.Helper()
+	pool := kernels.NewPool(0)
+	b.Cleanup(pool.Close)
+	m, ck, err := checkpoint.LoadModel(write(b, preset, d, 0, 1), pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ck.Close() })
+	return m
+}
+
+// drain reads a stream to its end and fails the benchmark unless it ended
+// normally, with want tokens in all when want > 0.
+func drain(b *testing.B, ctx context.Context, s *core.Stream, want int) {
+	var n int
+	var last core.Delta
+	for {
+		d, ok := s.Next(ctx)
+		if !ok {
+			break
+		}
+		n += len(d.IDs)
+		last = d
+	}
+	if last.Err != nil || (want > 0 && n != want) {
+		b.Errorf("stream ended with %d tokens (want %d): %q %v", n, want, last.Finish, last.Err)
+	}
+}
+
 // BenchmarkDecode measures one-sequence decode on a synthetic model
 // (STOKE_BENCH_PRESET, default 100m): tokens/s and the weight bandwidth it
 // reaches, to compare with the machine's memory bandwidth.
 func BenchmarkDecode(b *testing.B) {
-	preset := os.Getenv("STOKE_BENCH_PRESET")
-	if preset == "" {
-		preset = "100m"
-	}
+	preset := benchPreset()
 	for _, d := range []dtype.DType{dtype.F32, dtype.BF16, dtype.F8E4M3} {
 		b.Run(preset+"/"+d.String(), func(b *testing.B) {
-			dir := write(b, preset, d, 0, 1)
-			pool := kernels.NewPool(0)
-			defer pool.Close()
-			m, ck, err := checkpoint.LoadModel(dir, pool)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer ck.Close()
+			m := benchModel(b, preset, d)
 			var weightBytes int64
 			w := m.Weights()
 			for _, l := range w.Layers {
@@ -201,18 +232,8 @@ func BenchmarkDecode(b *testing.B) {
 // batching engine on a synthetic FP8 model (STOKE_BENCH_PRESET, default
 // 100m) at several concurrencies: the gain batching brings over one stream.
 func BenchmarkEngineConcurrency(b *testing.B) {
-	preset := os.Getenv("STOKE_BENCH_PRESET")
-	if preset == "" {
-		preset = "100m"
-	}
-	dir := write(b, preset, dtype.F8E4M3, 0, 1)
-	pool := kernels.NewPool(0)
-	defer pool.Close()
-	m, ck, err := checkpoint.LoadModel(dir, pool)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ck.Close()
+	preset := benchPreset()
+	m := benchModel(b, preset, dtype.F8E4M3)
 	const maxTokens = 64
 	for _, concurrency := range []int{1, 4, 16, 64} {
 		b.Run(fmt.Sprintf("%s/concurrency=%d", preset, concurrency), func(b *testing.B) {
@@ -239,18 +260,14 @@ func BenchmarkEngineConcurrency(b *testing.B) {
 					defer func() { <-sem; wg.Done() }()
 					prompt := make([]int32, 32)
 					for j := range prompt {
-						prompt[j] = int32((i*37 + j*11) % 30000)
+						prompt[j] = int32((i*37 + j*11) % m.Config().VocabSize)
 					}
 					s, err := e.Submit(core.Params{Prompt: prompt, MaxTokens: maxTokens, Sampling: sample.Params{TopP: 1, Logprobs: -1}, IgnoreEOS: true})
 					if err != nil {
 						b.Error(err)
 						return
 					}
-					for {
-						if _, ok := s.Next(ctx); !ok {
-							return
-						}
-					}
+					drain(b, ctx, s, maxTokens)
 				}()
 			}
 			wg.Wait()
@@ -263,18 +280,8 @@ func BenchmarkEngineConcurrency(b *testing.B) {
 // on a synthetic FP8 model, with a cold prefix cache and with the first
 // 992 tokens already cached by an earlier request.
 func BenchmarkPrefixTTFT(b *testing.B) {
-	preset := os.Getenv("STOKE_BENCH_PRESET")
-	if preset == "" {
-		preset = "100m"
-	}
-	dir := write(b, preset, dtype.F8E4M3, 0, 1)
-	pool := kernels.NewPool(0)
-	defer pool.Close()
-	m, ck, err := checkpoint.LoadModel(dir, pool)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ck.Close()
+	preset := benchPreset()
+	m := benchModel(b, preset, dtype.F8E4M3)
 	const blocks = 512
 	storage, _ := kvcache.New(m.KVShape(), blocks)
 	e, err := core.New(core.Config{Sched: sched.Config{MaxNumBatchedTokens: 2048, MaxNumSeqs: 8, MaxModelLen: 2048}},
@@ -291,28 +298,30 @@ func BenchmarkPrefixTTFT(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		s.Next(ctx)
+		first, _ := s.Next(ctx)
 		d := time.Since(start)
-		for {
-			if _, ok := s.Next(ctx); !ok {
-				return d
-			}
+		if first.Err != nil || len(first.IDs) == 0 {
+			b.Fatalf("no first token: %q %v", first.Finish, first.Err)
 		}
+		drain(b, ctx, s, 0)
+		return d
 	}
 	prompt := func(prefix, suffix int) []int32 {
 		p := make([]int32, 1000)
 		for i := range p {
-			p[i] = int32((prefix*7919 + i*13) % 30000)
+			p[i] = int32((prefix*7919 + i*13) % m.Config().VocabSize)
 		}
 		p[999] = int32(suffix)
 		return p
 	}
+	fresh := 0
 	for _, hit := range []bool{false, true} {
 		b.Run(fmt.Sprintf("%s/prefix_hit=%v", preset, hit), func(b *testing.B) {
-			firstToken(prompt(-1, 0)) // warm the weights
+			firstToken(prompt(1<<20, 0)) // warm the weights
 			var total time.Duration
 			for i := 0; i < b.N; i++ {
-				prefix := i + 1
+				fresh++ // never seen before, so never cached
+				prefix := fresh
 				if hit {
 					prefix = 0
 					firstToken(prompt(0, 0))
