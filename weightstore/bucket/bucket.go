@@ -165,16 +165,3 @@ func checkPrefix(prefix string) error {
 	}
 	return nil
 }
-
-// ctxReader fails reads once its context is done, so long copies stop.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
-}

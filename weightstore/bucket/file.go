@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/stokehq/stoke/internal/ctxio"
 )
 
 // tmpPrefix starts the names of files a Put is still writing; List skips
@@ -249,7 +251,7 @@ func (b *fileBucket) put(ctx context.Context, dst string, r io.Reader, size int6
 			os.Remove(tmp)
 		}
 	}()
-	src := ctxReader{ctx: ctx, r: r}
+	src := ctxio.Reader(ctx, r)
 	if size >= 0 {
 		var n int64
 		n, err = io.CopyN(f, src, size)

@@ -26,6 +26,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/stokehq/stoke/engine/model"
+	"github.com/stokehq/stoke/internal/ctxio"
 	"github.com/stokehq/stoke/internal/dtype"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/checkpoint"
@@ -303,24 +304,11 @@ func hashFile(ctx context.Context, path string) (int64, string, error) {
 	}
 	defer f.Close()
 	h := sha256.New()
-	n, err := io.CopyBuffer(h, ctxReader{ctx, f}, make([]byte, 1<<20))
+	n, err := io.CopyBuffer(h, ctxio.Reader(ctx, f), make([]byte, 1<<20))
 	if err != nil {
 		return 0, "", fmt.Errorf("hash %s: %w", path, err)
 	}
 	return n, hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// ctxReader fails reads once its context is done.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
 
 // readSpec converts dir's stoke.yaml, if any, to a JSON object.
