@@ -6,20 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
-	"github.com/stokehq/stoke/engine/core"
-	"github.com/stokehq/stoke/engine/kernels"
-	"github.com/stokehq/stoke/engine/kvcache"
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/server"
-	"github.com/stokehq/stoke/engine/sim"
-	"github.com/stokehq/stoke/engine/tokenizer"
-	"github.com/stokehq/stoke/weightstore/checkpoint"
+	"github.com/stokehq/stoke/weightstore/load"
 )
 
 type engineFlags struct {
@@ -71,10 +65,10 @@ func runEngine(ctx context.Context, f engineFlags) error {
 	if err != nil || kvBytes <= 0 {
 		return fmt.Errorf("--kv-cache-memory: %q is not a positive size", f.kvMemory)
 	}
-	loader := modelLoader(f, kvBytes)
+	loader := load.Checkpoint(load.Options{Engine: f.engineOptions(), KVCacheBytes: kvBytes, Threads: f.threads})
 	path := f.model
 	if f.sim {
-		loader, path = simLoader(f), f.simProfile
+		loader, path = server.SimLoader(f.engineOptions()), f.simProfile
 	}
 	srv, err := server.New(server.Options{Loader: loader, Registry: prometheus.NewRegistry(), DrainTimeout: f.drainTimeout})
 	if err != nil {
@@ -107,93 +101,11 @@ func runEngine(ctx context.Context, f engineFlags) error {
 	return hs.Shutdown(drainCtx)
 }
 
-func (f engineFlags) schedConfig(maxModelLen int) sched.Config {
-	if f.maxModelLen > 0 {
-		maxModelLen = min(maxModelLen, f.maxModelLen)
-	}
-	return sched.Config{MaxNumBatchedTokens: f.maxBatchedTokens, MaxNumSeqs: f.maxNumSeqs, MaxModelLen: maxModelLen}
-}
-
-// modelLoader loads a checkpoint directory onto the CPU engine.
-func modelLoader(f engineFlags, kvBytes int64) server.Loader {
-	return func(ctx context.Context, path string) (*server.Loaded, error) {
-		tok, err := tokenizer.Load(path)
-		if err != nil && !errors.Is(err, tokenizer.ErrNoTokenizer) {
-			return nil, err
-		}
-		pool := kernels.NewPool(f.threads)
-		m, ck, err := checkpoint.LoadModel(path, pool)
-		if err != nil {
-			pool.Close()
-			return nil, err
-		}
-		cfg := m.Config()
-		blocks := kvcache.BlocksForBudget(m.KVShape(), kvBytes)
-		if blocks < 1 {
-			ck.Close()
-			pool.Close()
-			return nil, fmt.Errorf("--kv-cache-memory %s holds no KV block of this model (%d bytes each)", f.kvMemory, m.KVShape().BytesPerBlock())
-		}
-		ec := core.Config{Sched: f.schedConfig(cfg.MaxPositionEmbeddings)}
-		for _, id := range cfg.EOSTokenID {
-			ec.EOS = append(ec.EOS, int32(id))
-		}
-		if tok != nil {
-			ec.EOS = append(ec.EOS, tok.EOS()...)
-		}
-		name := f.servedName
-		if name == "" {
-			name = filepath.Base(filepath.Clean(path))
-		}
-		return &server.Loaded{
-			Name:        name,
-			Tokenizer:   tok,
-			MaxModelLen: ec.Sched.MaxModelLen,
-			Start: func(metrics *core.Metrics) (*core.Engine, error) {
-				storage, err := kvcache.New(m.KVShape(), blocks)
-				if err != nil {
-					return nil, err
-				}
-				return core.New(ec, kvcache.NewManager(blocks, !f.noPrefixCaching), core.NewModelExecutor(m, storage), tok, metrics)
-			},
-			Close: func() error {
-				pool.Close()
-				return ck.Close()
-			},
-		}, nil
-	}
-}
-
-// simLoader serves a latency profile instead of a model.
-func simLoader(f engineFlags) server.Loader {
-	return func(ctx context.Context, name string) (*server.Loaded, error) {
-		p, err := sim.LoadProfile(name)
-		if err != nil {
-			return nil, err
-		}
-		tj, tc, err := tokenizer.Synthesize(p.VocabSize, 1)
-		if err != nil {
-			return nil, err
-		}
-		tok, err := tokenizer.New(tj, tc)
-		if err != nil {
-			return nil, err
-		}
-		ec := core.Config{Sched: f.schedConfig(p.MaxModelLen), EOS: tok.EOS()}
-		ec.Sched.MaxNumSeqs = min(ec.Sched.MaxNumSeqs, p.MaxNumSeqs)
-		served := f.servedName
-		if served == "" {
-			served = p.Model
-		}
-		blocks := p.KVCapacityTokens / kvcache.BlockSize
-		return &server.Loaded{
-			Name:        served,
-			Tokenizer:   tok,
-			MaxModelLen: ec.Sched.MaxModelLen,
-			Start: func(metrics *core.Metrics) (*core.Engine, error) {
-				return core.New(ec, kvcache.NewManager(blocks, !f.noPrefixCaching), core.NewSimExecutor(p, tok, nil), tok, metrics)
-			},
-			Close: func() error { return nil },
-		}, nil
+// engineOptions are the flags every loader shares.
+func (f engineFlags) engineOptions() server.EngineOptions {
+	return server.EngineOptions{
+		Sched:         sched.Config{MaxNumBatchedTokens: f.maxBatchedTokens, MaxNumSeqs: f.maxNumSeqs, MaxModelLen: f.maxModelLen},
+		PrefixCaching: !f.noPrefixCaching,
+		ServedName:    f.servedName,
 	}
 }

@@ -1,9 +1,10 @@
-package main
+package load
 
 import (
 	"context"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -13,8 +14,12 @@ import (
 	"github.com/stokehq/stoke/engine/generate"
 	"github.com/stokehq/stoke/engine/kernels"
 	"github.com/stokehq/stoke/engine/sample"
+	"github.com/stokehq/stoke/engine/sched"
+	"github.com/stokehq/stoke/engine/server"
 	"github.com/stokehq/stoke/weightstore/checkpoint"
 )
+
+const stories = "../../../shared/models/stories260K"
 
 // TestStoriesConcurrentMatchesAlone serves the real stories260K model the
 // way `stoke engine --model` does and checks that 32 concurrent greedy
@@ -23,8 +28,9 @@ func TestStoriesConcurrentMatchesAlone(t *testing.T) {
 	if _, err := os.Stat(stories); err != nil {
 		t.Skip("test model absent")
 	}
-	f := engineFlags{maxBatchedTokens: 256, maxNumSeqs: 32, kvMemory: "64MiB", threads: 2}
-	loaded, err := modelLoader(f, 64<<20)(context.Background(), stories)
+	opts := Options{Engine: server.EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 32}, PrefixCaching: true},
+		KVCacheBytes: 64 << 20, Threads: 2}
+	loaded, err := Checkpoint(opts)(context.Background(), stories)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,5 +88,35 @@ func TestStoriesConcurrentMatchesAlone(t *testing.T) {
 		if !slices.Equal(got[i], alone.IDs) {
 			t.Fatalf("request %d: concurrent %v, alone %v", i, got[i], alone.IDs)
 		}
+	}
+}
+
+func TestCheckpointLoaderErrors(t *testing.T) {
+	if _, err := os.Stat(stories); err != nil {
+		t.Skip("test model absent")
+	}
+	for _, tc := range []struct {
+		name, path string
+		opts       Options
+		want       string
+	}{
+		{"no checkpoint", t.TempDir(), Options{KVCacheBytes: 1 << 20}, "config.json"},
+		{"kv too small", stories, Options{KVCacheBytes: 100}, "holds no block"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Checkpoint(tc.opts)(context.Background(), tc.path)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+	loaded, err := Checkpoint(Options{Engine: server.EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 64, MaxNumSeqs: 4, MaxModelLen: 100000}},
+		KVCacheBytes: 1 << 20})(context.Background(), stories)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loaded.Close()
+	if loaded.Name != "stories260K" || loaded.MaxModelLen != 512 {
+		t.Fatalf("name %q, context %d: want the directory's name and the model's 512", loaded.Name, loaded.MaxModelLen)
 	}
 }

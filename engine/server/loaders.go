@@ -1,0 +1,67 @@
+package server
+
+import (
+	"context"
+
+	"github.com/stokehq/stoke/engine/core"
+	"github.com/stokehq/stoke/engine/kvcache"
+	"github.com/stokehq/stoke/engine/sched"
+	"github.com/stokehq/stoke/engine/sim"
+	"github.com/stokehq/stoke/engine/tokenizer"
+)
+
+// EngineOptions size the engines a Loader starts, whatever the model.
+type EngineOptions struct {
+	// Sched bounds each step; a MaxModelLen of 0 means the model's own
+	// context, and a larger one is capped to it.
+	Sched         sched.Config
+	PrefixCaching bool
+	// ServedName is the model's name in the API; "" lets the loader choose.
+	ServedName string
+}
+
+// SchedFor returns the scheduler config for a model whose context is
+// maxModelLen.
+func (o EngineOptions) SchedFor(maxModelLen int) sched.Config {
+	c := o.Sched
+	if c.MaxModelLen == 0 || c.MaxModelLen > maxModelLen {
+		c.MaxModelLen = maxModelLen
+	}
+	return c
+}
+
+// SimLoader serves latency profiles (an embedded name or a file) instead
+// of models: the sim engine, with a synthetic tokenizer of the profile's
+// vocabulary.
+func SimLoader(o EngineOptions) Loader {
+	return func(ctx context.Context, name string) (*Loaded, error) {
+		p, err := sim.LoadProfile(name)
+		if err != nil {
+			return nil, err
+		}
+		tj, tc, err := tokenizer.Synthesize(p.VocabSize, 1)
+		if err != nil {
+			return nil, err
+		}
+		tok, err := tokenizer.New(tj, tc)
+		if err != nil {
+			return nil, err
+		}
+		ec := core.Config{Sched: o.SchedFor(p.MaxModelLen), EOS: tok.EOS()}
+		ec.Sched.MaxNumSeqs = min(ec.Sched.MaxNumSeqs, p.MaxNumSeqs)
+		served := o.ServedName
+		if served == "" {
+			served = p.Model
+		}
+		blocks := p.KVCapacityTokens / kvcache.BlockSize
+		return &Loaded{
+			Name:        served,
+			Tokenizer:   tok,
+			MaxModelLen: ec.Sched.MaxModelLen,
+			Start: func(metrics *core.Metrics) (*core.Engine, error) {
+				return core.New(ec, kvcache.NewManager(blocks, o.PrefixCaching), core.NewSimExecutor(p, tok, nil), tok, metrics)
+			},
+			Close: func() error { return nil },
+		}, nil
+	}
+}

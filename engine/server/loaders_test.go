@@ -1,0 +1,43 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stokehq/stoke/engine/sched"
+)
+
+func TestSimLoader(t *testing.T) {
+	o := EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 512, MaxNumSeqs: 1000, MaxModelLen: 4096}, PrefixCaching: true}
+	l, err := SimLoader(o)(context.Background(), "llama-3.1-8b-fp8-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Name != "nvidia/Llama-3.1-8B-Instruct-FP8" || l.MaxModelLen != 4096 || l.Tokenizer == nil {
+		t.Fatalf("loaded %q with context %d", l.Name, l.MaxModelLen)
+	}
+	e, err := l.Start(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := e.Stats(); s.KVBlocks == 0 {
+		t.Fatal("sim engine has no KV blocks")
+	}
+	o.ServedName = "sim-8b"
+	if l, err = SimLoader(o)(context.Background(), "llama-3.1-8b-fp8-h100"); err != nil || l.Name != "sim-8b" {
+		t.Fatalf("served name: %v %v", l, err)
+	}
+	if _, err := SimLoader(o)(context.Background(), "no-such-profile"); err == nil || !strings.Contains(err.Error(), "no-such-profile") {
+		t.Fatalf("unknown profile: %v", err)
+	}
+}
+
+func TestSchedFor(t *testing.T) {
+	for _, tc := range []struct{ flag, model, want int }{{0, 512, 512}, {100, 512, 100}, {4096, 512, 512}} {
+		o := EngineOptions{Sched: sched.Config{MaxModelLen: tc.flag}}
+		if got := o.SchedFor(tc.model).MaxModelLen; got != tc.want {
+			t.Errorf("flag %d, model %d: %d, want %d", tc.flag, tc.model, got, tc.want)
+		}
+	}
+}
