@@ -17,9 +17,12 @@ run: build
 	$(BIN) generate --model $(DEMO) --prompt "Once upon a time" --max-tokens 48 --temperature 0.8 --seed 1
 
 # Test dependencies: the MinIO server the weight-store tests run against
-# (built once with `go install`, a few minutes the first time).
+# (built once with `go install`, a few minutes the first time), and
+# Debian's containerd and runc for the node-cache tests (each test starts
+# its own private containerd).
 deps:
 	@GO=$(GO) sh ./scripts/install-minio.sh
+	@sh ./scripts/install-containerd.sh
 
 test: deps lint
 	$(GO) test -count=1 ./...

@@ -14,6 +14,7 @@ import (
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/server"
 	"github.com/stokehq/stoke/weightstore/load"
+	"github.com/stokehq/stoke/weightstore/loader"
 )
 
 type engineFlags struct {
@@ -22,6 +23,10 @@ type engineFlags struct {
 	maxBatchedTokens, maxNumSeqs, maxModelLen       int
 	threads                                         int
 	drainTimeout                                    time.Duration
+	cache                                           cacheFlags
+	loadParallel                                    int
+	loadChunk                                       string
+	s3                                              *s3Flags
 }
 
 func newEngineCmd() *cobra.Command {
@@ -48,6 +53,10 @@ func newEngineCmd() *cobra.Command {
 	fl.BoolVar(&f.noPrefixCaching, "no-enable-prefix-caching", false, "turn prefix caching off")
 	fl.IntVar(&f.threads, "threads", 0, "compute threads (0 = all cores)")
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for in-flight requests")
+	fl.IntVar(&f.loadParallel, "load-parallel", 8, "concurrent ranged reads when loading from a bucket or the node cache")
+	fl.StringVar(&f.loadChunk, "load-chunk-size", "4MiB", "size of one ranged read when loading")
+	f.cache.add(fl)
+	f.s3 = addS3Flags(fl)
 	return cmd
 }
 
@@ -65,17 +74,31 @@ func runEngine(ctx context.Context, f engineFlags) error {
 	if err != nil || kvBytes <= 0 {
 		return fmt.Errorf("--kv-cache-memory: %q is not a positive size", f.kvMemory)
 	}
-	loader := load.Checkpoint(load.Options{Engine: f.engineOptions(), KVCacheBytes: kvBytes, Threads: f.threads})
-	path := f.model
-	if f.sim {
-		loader, path = server.SimLoader(f.engineOptions()), f.simProfile
+	chunk, err := parseSize(f.loadChunk)
+	if err != nil || chunk <= 0 || chunk > 1<<30 {
+		return fmt.Errorf("--load-chunk-size: %q is not a size between 1 byte and 1GiB", f.loadChunk)
 	}
-	srv, err := server.New(server.Options{Loader: loader, Registry: prometheus.NewRegistry(), DrainTimeout: f.drainTimeout})
+	opts := load.Options{Engine: f.engineOptions(), KVCacheBytes: kvBytes, Threads: f.threads, S3: f.s3.options(),
+		Stream: loader.Options{Parallel: f.loadParallel, ChunkSize: int(chunk)}}
+	path := f.model
+	var ld server.Loader
+	if f.sim {
+		ld, path = server.SimLoader(f.engineOptions()), f.simProfile
+	} else {
+		cache, closeCache, err := f.cache.open(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeCache()
+		opts.Cache = cache
+		ld = load.Checkpoint(opts)
+	}
+	srv, err := server.New(server.Options{Loader: ld, Registry: prometheus.NewRegistry(), DrainTimeout: f.drainTimeout})
 	if err != nil {
 		return err
 	}
 	if path != "" {
-		if err := srv.Load(ctx, path); err != nil {
+		if err := srv.Load(ctx, server.LoadRequest{Path: path}); err != nil {
 			return err
 		}
 	}

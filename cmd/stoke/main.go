@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -22,7 +23,11 @@ func main() {
 }
 
 func newRootCmd() *cobra.Command {
-	var verbose bool
+	var (
+		verbose    bool
+		cpuProfile string
+		stopProf   = func() {}
+	)
 	root := &cobra.Command{
 		Use:           "stoke",
 		Short:         "Serverless LLM inference: push weights, get an OpenAI-compatible endpoint",
@@ -34,9 +39,33 @@ func newRootCmd() *cobra.Command {
 				level = slog.LevelDebug
 			}
 			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+			if cpuProfile != "" {
+				stopProf = startCPUProfile(cpuProfile)
+			}
 		},
+		PersistentPostRun: func(*cobra.Command, []string) { stopProf() },
 	}
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log debug messages")
-	root.AddCommand(newModelCmd(), newGenerateCmd(), newEngineCmd(), newPushCmd())
+	root.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the command to this file")
+	root.PersistentFlags().MarkHidden("cpuprofile")
+	root.AddCommand(newModelCmd(), newGenerateCmd(), newEngineCmd(), newPushCmd(), newPullCmd(), newWatchCmd())
 	return root
+}
+
+// startCPUProfile profiles the process into path until the returned stop.
+func startCPUProfile(path string) (stop func()) {
+	f, err := os.Create(path)
+	if err != nil {
+		slog.Warn("no CPU profile", "err", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		slog.Warn("no CPU profile", "err", err)
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }

@@ -15,9 +15,9 @@ import (
 
 func newPushCmd() *cobra.Command {
 	var (
-		quantize, shardSize, endpoint, region string
-		pathStyle                             bool
-		parallel                              int
+		quantize, shardSize string
+		parallel            int
+		s3                  *s3Flags
 	)
 	cmd := &cobra.Command{
 		Use:   "push DIR s3://BUCKET/NAME|file:///DIR/NAME",
@@ -48,21 +48,10 @@ revision's digest is printed on standard output.`,
 				return fmt.Errorf("--parallel must be at least 1, got %d", parallel)
 			}
 			opts.Parallel = parallel
-			s3 := bucket.S3OptionsFromEnv()
-			f := cmd.Flags()
-			if f.Changed("endpoint") {
-				s3.Endpoint = endpoint
-			}
-			if f.Changed("region") {
-				s3.Region = region
-			}
-			if f.Changed("path-style") {
-				s3.PathStyle = pathStyle
-			}
 			if _, err := push.ModelName(dest); err != nil {
 				return err
 			}
-			b, err := bucket.Open(cmd.Context(), dest, s3)
+			b, err := bucket.Open(cmd.Context(), dest, s3.options())
 			if err != nil {
 				return err
 			}
@@ -82,8 +71,6 @@ revision's digest is printed on standard output.`,
 	f.StringVar(&quantize, "quantize", "", "quantise before pushing: fp8 (E4M3, 128×128 block scales)")
 	f.StringVar(&shardSize, "shard-size", "0", "reshard into files of at most this size, e.g. 512MiB (0 = keep the layout)")
 	f.IntVar(&parallel, "parallel", push.DefaultParallel, "files uploaded at once")
-	f.StringVar(&endpoint, "endpoint", "", "S3 endpoint, e.g. http://127.0.0.1:9000 (default $AWS_ENDPOINT_URL, else AWS)")
-	f.StringVar(&region, "region", "", "S3 region (default $AWS_REGION)")
-	f.BoolVar(&pathStyle, "path-style", false, "path-style S3 addressing (http://host/bucket/key)")
+	s3 = addS3Flags(f)
 	return cmd
 }

@@ -106,6 +106,8 @@ func TestBadInput(t *testing.T) {
 		{name: "detokenize out of vocabulary", path: "/detokenize", body: `{"tokens":[1,512]}`, status: 400, param: "tokens", message: "512"},
 		{name: "tokenize nothing", path: "/tokenize", body: `{}`, status: 400, param: "prompt", message: "required"},
 		{name: "load while loaded", path: "/admin/load", body: `{"path":"other"}`, status: 409, message: "already loaded"},
+		{name: "load both a path and a source", path: "/admin/load", body: `{"path":"other","source":"file:///b","model":"m"}`, status: 400, param: "path", message: "not both"},
+		{name: "load a source without model", path: "/admin/load", body: `{"source":"s3://models"}`, status: 400, param: "model", message: "model is required"},
 		{name: "wake while ready", path: "/admin/wake", status: 409, message: "ready"},
 		{name: "unknown route", method: http.MethodGet, path: "/v2/nothing", status: 404, message: "no route"},
 		{name: "wrong method", method: http.MethodGet, path: cmpl, status: 405, message: "not allowed"},

@@ -36,7 +36,7 @@ func BenchmarkSimShortRequestsHTTP(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	loader := func(ctx context.Context, path string) (*Loaded, error) {
+	loader := func(context.Context, LoadRequest, func(LoadProgress)) (*Loaded, error) {
 		return &Loaded{
 			Name: p.Model, Tokenizer: tok, MaxModelLen: p.MaxModelLen,
 			Start: func(m *core.Metrics) (*core.Engine, error) {
@@ -50,7 +50,7 @@ func BenchmarkSimShortRequestsHTTP(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := srv.Load(context.Background(), "sim"); err != nil {
+	if err := srv.Load(context.Background(), LoadRequest{Path: "sim"}); err != nil {
 		b.Fatal(err)
 	}
 	ts := httptest.NewServer(srv.Handler())

@@ -131,10 +131,11 @@ func (ml *modelLoader) gate() *gate {
 	return ml.lastGate
 }
 
-func (ml *modelLoader) load(ctx context.Context, path string) (*Loaded, error) {
-	if path == "missing" {
-		return nil, fmt.Errorf("open %s/config.json: %w", path, fs.ErrNotExist)
+func (ml *modelLoader) load(ctx context.Context, req LoadRequest, progress func(LoadProgress)) (*Loaded, error) {
+	if req.Path == "missing" {
+		return nil, fmt.Errorf("open %s/config.json: %w", req.Path, fs.ErrNotExist)
 	}
+	progress(LoadProgress{Tier: "local", Bytes: 1, TotalBytes: 1})
 	mc := model.Config{ModelType: "llama", HiddenSize: 64, IntermediateSize: 128, NumLayers: 2, NumHeads: 4, NumKVHeads: 2,
 		HeadDim: 16, VocabSize: testVocab, MaxPositionEmbeddings: 2048, RMSNormEps: 1e-5, RopeTheta: 10000, HiddenAct: "silu", TieWordEmbeddings: true}
 	m, err := model.New(mc, model.RandomSource(mc, 3, 0.3), ml.pool)
@@ -170,8 +171,8 @@ func (ml *modelLoader) load(ctx context.Context, path string) (*Loaded, error) {
 // and a clock that never waits.
 func simLoader(t *testing.T) Loader {
 	tok := testTokenizer(t)
-	return func(ctx context.Context, path string) (*Loaded, error) {
-		p, err := sim.LoadProfile(path)
+	return func(ctx context.Context, req LoadRequest, _ func(LoadProgress)) (*Loaded, error) {
+		p, err := sim.LoadProfile(req.Path)
 		if err != nil {
 			return nil, err
 		}
@@ -218,7 +219,7 @@ func newFixture(t *testing.T, loader Loader, load string, opts Options) *fixture
 		srv.Shutdown(ctx)
 	})
 	if load != "" {
-		if err := srv.Load(context.Background(), load); err != nil {
+		if err := srv.Load(context.Background(), LoadRequest{Path: load}); err != nil {
 			t.Fatal(err)
 		}
 	}

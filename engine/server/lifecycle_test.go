@@ -339,7 +339,7 @@ func TestUnixSocket(t *testing.T) {
 	if _, err := Listen("unix://" + regular); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Fatalf("listen on a regular file: %v", err)
 	}
-	if err := srv.Load(context.Background(), "model"); err != nil {
+	if err := srv.Load(context.Background(), LoadRequest{Path: "model"}); err != nil {
 		t.Fatal(err)
 	}
 	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -374,7 +374,7 @@ func TestNewValidates(t *testing.T) {
 	if _, err := New(Options{}); err == nil {
 		t.Fatal("no loader accepted")
 	}
-	if _, err := New(Options{Loader: func(context.Context, string) (*Loaded, error) { return nil, errors.New("x") }, MaxBodyBytes: -1}); err == nil {
+	if _, err := New(Options{Loader: func(context.Context, LoadRequest, func(LoadProgress)) (*Loaded, error) { return nil, errors.New("x") }, MaxBodyBytes: -1}); err == nil {
 		t.Fatal("negative body limit accepted")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/sim"
 	"github.com/stokehq/stoke/engine/tokenizer"
+	"github.com/stokehq/stoke/internal/openai"
 )
 
 // EngineOptions size the engines a Loader starts, whatever the model.
@@ -34,8 +35,11 @@ func (o EngineOptions) SchedFor(maxModelLen int) sched.Config {
 // of models: the sim engine, with a synthetic tokenizer of the profile's
 // vocabulary.
 func SimLoader(o EngineOptions) Loader {
-	return func(ctx context.Context, name string) (*Loaded, error) {
-		p, err := sim.LoadProfile(name)
+	return func(ctx context.Context, req LoadRequest, _ func(LoadProgress)) (*Loaded, error) {
+		if req.Path == "" {
+			return nil, openai.InvalidRequest("path", "the sim engine loads latency profiles by path, not bucket sources")
+		}
+		p, err := sim.LoadProfile(req.Path)
 		if err != nil {
 			return nil, err
 		}

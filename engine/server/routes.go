@@ -145,22 +145,24 @@ func (s *Server) models(c *gin.Context) {
 	}}})
 }
 
-// loadRequest is the POST /admin/load body.
-type loadRequest struct {
-	Path string `json:"path"`
-}
-
 func (s *Server) adminLoad(c *gin.Context) {
-	var req loadRequest
+	var req LoadRequest
 	if e := s.decodeBody(c, &req); e != nil {
 		writeError(c, e)
 		return
 	}
-	if req.Path == "" {
-		writeError(c, openai.InvalidRequest("path", "path is required: the model directory to load"))
+	switch {
+	case req.Path != "" && (req.Source != "" || req.Model != "" || req.Revision != ""):
+		writeError(c, openai.InvalidRequest("path", "give either path (a directory on this node) or source and model (a bucket), not both"))
+		return
+	case req.Path == "" && req.Source == "":
+		writeError(c, openai.InvalidRequest("source", "source is required: the bucket (s3://… or file://…) holding the model, or path: a model directory on this node"))
+		return
+	case req.Path == "" && req.Model == "":
+		writeError(c, openai.InvalidRequest("model", "model is required: the model's name, its prefix in the bucket"))
 		return
 	}
-	if err := s.Load(c.Request.Context(), req.Path); err != nil {
+	if err := s.Load(c.Request.Context(), req); err != nil {
 		writeError(c, apiError(err, "%v"))
 		return
 	}

@@ -45,8 +45,55 @@ type Loaded struct {
 	Close func() error
 }
 
-// Loader turns a checkpoint path into a Loaded model.
-type Loader func(ctx context.Context, path string) (*Loaded, error)
+// LoadRequest names the model /admin/load loads: a checkpoint directory on
+// this node (Path), or a revision in a bucket (Source, Model, Revision).
+type LoadRequest struct {
+	// Path is a checkpoint directory on this node (a profile for the sim).
+	Path string `json:"path,omitempty"`
+	// Source is the bucket holding the model's prefix: s3://bucket[/prefix]
+	// or file:///dir.
+	Source string `json:"source,omitempty"`
+	// Model is the model's name, its prefix in Source.
+	Model string `json:"model,omitempty"`
+	// Revision pins a revision digest; "" loads the current one.
+	Revision string `json:"revision,omitempty"`
+}
+
+// String names the request in logs and errors.
+func (r LoadRequest) String() string {
+	if r.Path != "" {
+		return r.Path
+	}
+	s := strings.TrimSuffix(r.Source, "/") + "/" + r.Model
+	if r.Revision != "" {
+		s += "@" + r.Revision
+	}
+	return s
+}
+
+// LoadProgress is how far a load has come, shown in /admin/state.
+type LoadProgress struct {
+	// Request is what is being loaded.
+	Request LoadRequest `json:"request"`
+	// Revision is the digest being loaded, once known.
+	Revision string `json:"revision,omitempty"`
+	// Tier is where the bytes come from: "t2" the node cache, "t3" the
+	// bucket, "local" a directory on this node.
+	Tier string `json:"tier,omitempty"`
+	// Bytes moved so far, of TotalBytes.
+	Bytes      int64 `json:"bytes"`
+	TotalBytes int64 `json:"total_bytes"`
+	// GBps is the average rate so far in 10⁹ bytes per second.
+	GBps           float64 `json:"gbps"`
+	ElapsedSeconds float64 `json:"elapsed_seconds"`
+	// Done is set once the load finished; Error when it failed.
+	Done  bool   `json:"done"`
+	Error string `json:"error,omitempty"`
+}
+
+// Loader turns a LoadRequest into a Loaded model, reporting progress
+// through progress (which may be called from any goroutine).
+type Loader func(ctx context.Context, req LoadRequest, progress func(LoadProgress)) (*Loaded, error)
 
 // Options configure a Server.
 type Options struct {
@@ -94,6 +141,7 @@ type Server struct {
 	eng      *engineRun
 	active   int // requests holding the engine (acquire without release)
 	shutdown bool
+	progress *LoadProgress // the current or last load
 }
 
 // engineRun is an engine and the loop goroutine the server runs for it.
@@ -126,15 +174,19 @@ func New(opts Options) (*Server, error) {
 // Handler serves the HTTP API.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Load loads the model at path and starts its engine: blank → loading →
+// Load loads the model req names and starts its engine: blank → loading →
 // ready. A server that already holds a model refuses with a 409
 // *openai.Error.
-func (s *Server) Load(ctx context.Context, path string) error {
+func (s *Server) Load(ctx context.Context, req LoadRequest) error {
 	if err := s.begin(StateLoading, StateBlank); err != nil {
 		return err
 	}
 	defer s.end()
-	l, err := s.opts.Loader(ctx, path)
+	s.setProgress(LoadProgress{Request: req})
+	l, err := s.opts.Loader(ctx, req, func(p LoadProgress) {
+		p.Request = req
+		s.setProgress(p)
+	})
 	if err == nil && l == nil {
 		err = errors.New("loader returned no model")
 	}
@@ -145,8 +197,9 @@ func (s *Server) Load(ctx context.Context, path string) error {
 		}
 	}
 	if err != nil {
+		s.failProgress(err)
 		s.settle(StateBlank)
-		return fmt.Errorf("load model from %s: %w", path, err)
+		return fmt.Errorf("load model from %s: %w", req, err)
 	}
 	s.mu.Lock()
 	s.model = l
@@ -156,12 +209,31 @@ func (s *Server) Load(ctx context.Context, path string) error {
 		s.model = nil
 		s.mu.Unlock()
 		s.closeModel(l)
+		s.failProgress(err)
 		s.settle(StateBlank)
-		return fmt.Errorf("load model from %s: %w", path, err)
+		return fmt.Errorf("load model from %s: %w", req, err)
 	}
+	s.mu.Lock()
+	s.progress.Done = true
+	s.mu.Unlock()
 	s.settle(StateReady)
-	s.log.Info("model loaded", "model", l.Name, "path", path)
+	s.log.Info("model loaded", "model", l.Name, "from", req.String())
 	return nil
+}
+
+func (s *Server) setProgress(p LoadProgress) {
+	s.mu.Lock()
+	p.Done = false
+	s.progress = &p
+	s.mu.Unlock()
+}
+
+func (s *Server) failProgress(err error) {
+	s.mu.Lock()
+	if s.progress != nil {
+		s.progress.Done, s.progress.Error = true, err.Error()
+	}
+	s.mu.Unlock()
 }
 
 func checkLoaded(l *Loaded) error {
@@ -463,6 +535,8 @@ type StateInfo struct {
 	KV      KVInfo `json:"kv"`
 	Running int    `json:"running"`
 	Waiting int    `json:"waiting"`
+	// Load is the current or last load's progress; nil before any load.
+	Load *LoadProgress `json:"load,omitempty"`
 }
 
 // KVInfo is the KV pool part of StateInfo: its size in blocks (0 when no
@@ -477,6 +551,10 @@ func (s *Server) Info() StateInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	info := StateInfo{State: s.state}
+	if s.progress != nil {
+		p := *s.progress
+		info.Load = &p
+	}
 	if s.model != nil {
 		info.Model = s.model.Name
 	}

@@ -54,39 +54,45 @@ type Tokenizer struct {
 // demand a huge allocation.
 const maxTokenID = 1 << 24
 
+// The files a tokenizer is read from.
+const (
+	TokenizerFile    = "tokenizer.json"
+	ConfigFile       = "tokenizer_config.json"
+	ChatTemplateFile = "chat_template.jinja"
+)
+
 // Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json
 // (and dir/chat_template.jinja when the config has no chat_template). Without
 // tokenizer.json it returns an error wrapping ErrNoTokenizer.
 func Load(dir string) (*Tokenizer, error) {
-	tjPath := filepath.Join(dir, "tokenizer.json")
-	tj, err := os.ReadFile(tjPath)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("load tokenizer from %s: %w", dir, ErrNoTokenizer)
-		}
-		return nil, fmt.Errorf("load tokenizer: %w", err)
-	}
-	cfgPath := filepath.Join(dir, "tokenizer_config.json")
-	cfg, err := os.ReadFile(cfgPath)
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
+	files := map[string][]byte{}
+	for _, name := range []string{TokenizerFile, ConfigFile, ChatTemplateFile} {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
 			return nil, fmt.Errorf("load tokenizer: %w", err)
 		}
-		cfg = nil
+		files[name] = data
 	}
-	jinjaPath := filepath.Join(dir, "chat_template.jinja")
-	jinja, err := os.ReadFile(jinjaPath)
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("load tokenizer: %w", err)
-		}
-		jinja = nil
-	}
-	t, err := build(tj, cfg, string(jinja))
+	t, err := FromFiles(files)
 	if err != nil {
 		return nil, fmt.Errorf("load tokenizer from %s: %w", dir, err)
 	}
 	return t, nil
+}
+
+// FromFiles builds a tokenizer from a checkpoint's files held in memory,
+// by name: tokenizer.json and, when present, tokenizer_config.json and
+// chat_template.jinja. Without tokenizer.json it returns an error wrapping
+// ErrNoTokenizer.
+func FromFiles(files map[string][]byte) (*Tokenizer, error) {
+	tj, ok := files[TokenizerFile]
+	if !ok {
+		return nil, ErrNoTokenizer
+	}
+	return build(tj, files[ConfigFile], string(files[ChatTemplateFile]))
 }
 
 // New builds a tokenizer from the contents of tokenizer.json and, optionally

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"path/filepath"
 	"strings"
 	"time"
@@ -60,10 +61,11 @@ type Bucket interface {
 
 // Sentinel errors, matched with errors.Is. Read-only.
 var (
-	// ErrNotExist reports a missing object.
-	ErrNotExist = errors.New("object does not exist")
-	// ErrBucketNotExist reports a missing bucket or file:// root directory.
-	ErrBucketNotExist = errors.New("bucket does not exist")
+	// ErrNotExist reports a missing object; it matches fs.ErrNotExist too.
+	ErrNotExist = fmt.Errorf("object does not exist: %w", fs.ErrNotExist)
+	// ErrBucketNotExist reports a missing bucket or file:// root
+	// directory; it matches fs.ErrNotExist too.
+	ErrBucketNotExist = fmt.Errorf("bucket does not exist: %w", fs.ErrNotExist)
 	// ErrAccessDenied reports credentials the store refused.
 	ErrAccessDenied = errors.New("access denied (check the credentials)")
 	// ErrInvalidKey reports a key that is not a clean relative path.

@@ -31,6 +31,10 @@ type S3Options struct {
 	PathStyle bool
 	// Insecure skips TLS certificate verification (self-signed servers).
 	Insecure bool
+	// MaxRetries bounds the attempts of one request inside the client
+	// (0: minio-go's default of 10). Callers that retry ranges themselves,
+	// like the streaming loader, keep it low.
+	MaxRetries int
 }
 
 // S3OptionsFromEnv reads the usual AWS environment variables:
@@ -97,6 +101,8 @@ func openS3(ctx context.Context, bkt, prefix string, o S3Options) (*s3Bucket, er
 		Creds:  credentials.NewStaticV4(o.AccessKey, o.SecretKey, o.SessionToken),
 		Secure: secure,
 		Region: o.Region,
+		// MaxRetries 0 keeps minio-go's default.
+		MaxRetries: o.MaxRetries,
 	}
 	if o.PathStyle {
 		opts.BucketLookup = minio.BucketLookupPath

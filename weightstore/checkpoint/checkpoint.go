@@ -49,7 +49,55 @@ type Index struct {
 // Open reads config.json and maps every shard of the checkpoint in dir,
 // checking that the index and the shards agree.
 func Open(dir string) (*Checkpoint, error) {
-	raw, err := os.ReadFile(filepath.Join(dir, ConfigFile))
+	return open(dir, dirFiles(dir))
+}
+
+// OpenMemory opens a checkpoint whose files are already in memory (a
+// revision the loader streamed into host-addressable device buffers): name
+// identifies it in errors and files maps each file name to its content.
+// Tensors are zero-copy views into the safetensors files' bytes, which the
+// caller keeps alive until the checkpoint and its models are done.
+func OpenMemory(name string, files map[string][]byte) (*Checkpoint, error) {
+	return open(name, memFiles(files))
+}
+
+// fileSource is where a checkpoint's files come from; a missing file's
+// error wraps fs.ErrNotExist.
+type fileSource interface {
+	readFile(name string) ([]byte, error)
+	openShard(name string) (*safetensors.File, error)
+}
+
+type dirFiles string
+
+func (d dirFiles) readFile(name string) ([]byte, error) {
+	return os.ReadFile(filepath.Join(string(d), name))
+}
+
+func (d dirFiles) openShard(name string) (*safetensors.File, error) {
+	return safetensors.Open(filepath.Join(string(d), name))
+}
+
+type memFiles map[string][]byte
+
+func (m memFiles) readFile(name string) ([]byte, error) {
+	data, ok := m[name]
+	if !ok {
+		return nil, fmt.Errorf("read %s: %w", name, fs.ErrNotExist)
+	}
+	return data, nil
+}
+
+func (m memFiles) openShard(name string) (*safetensors.File, error) {
+	data, ok := m[name]
+	if !ok {
+		return nil, fmt.Errorf("open safetensors file %s: %w", name, fs.ErrNotExist)
+	}
+	return safetensors.FromBytes(name, data)
+}
+
+func open(dir string, src fileSource) (*Checkpoint, error) {
+	raw, err := src.readFile(ConfigFile)
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
 	}
@@ -58,18 +106,18 @@ func Open(dir string) (*Checkpoint, error) {
 		return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
 	}
 	c := &Checkpoint{dir: dir, config: cfg, tensors: map[string]located{}}
-	if err := c.openShards(); err != nil {
+	if err := c.openShards(src); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("open checkpoint %s: %w", dir, err)
 	}
 	return c, nil
 }
 
-func (c *Checkpoint) openShards() error {
-	idx, err := ReadIndex(c.dir)
+func (c *Checkpoint) openShards(src fileSource) error {
+	idx, err := readIndex(src)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		f, err := safetensors.Open(filepath.Join(c.dir, SingleFile))
+		f, err := src.openShard(SingleFile)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("neither %s nor %s is present", SingleFile, IndexFile)
@@ -86,7 +134,7 @@ func (c *Checkpoint) openShards() error {
 		if filepath.Base(shard) != shard {
 			return fmt.Errorf("%s names shard %q outside the checkpoint directory", IndexFile, shard)
 		}
-		f, err := safetensors.Open(filepath.Join(c.dir, shard))
+		f, err := src.openShard(shard)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("shard %s named in %s is missing", shard, IndexFile)
@@ -121,8 +169,10 @@ func (c *Checkpoint) addFile(f *safetensors.File) {
 
 // ReadIndex reads and checks dir's model.safetensors.index.json; the error
 // wraps fs.ErrNotExist when the checkpoint is not sharded.
-func ReadIndex(dir string) (*Index, error) {
-	raw, err := os.ReadFile(filepath.Join(dir, IndexFile))
+func ReadIndex(dir string) (*Index, error) { return readIndex(dirFiles(dir)) }
+
+func readIndex(src fileSource) (*Index, error) {
+	raw, err := src.readFile(IndexFile)
 	if err != nil {
 		return nil, err
 	}
@@ -195,10 +245,19 @@ func LoadModel(dir string, pool *kernels.Pool) (*model.Model, *Checkpoint, error
 	if err != nil {
 		return nil, nil, err
 	}
-	m, err := model.New(c.Config(), c, pool)
+	m, err := c.Model(pool)
 	if err != nil {
 		c.Close()
-		return nil, nil, fmt.Errorf("load model from %s: %w", dir, err)
+		return nil, nil, err
 	}
 	return m, c, nil
+}
+
+// Model builds the checkpoint's model over its tensors, computing on pool.
+func (c *Checkpoint) Model(pool *kernels.Pool) (*model.Model, error) {
+	m, err := model.New(c.Config(), c, pool)
+	if err != nil {
+		return nil, fmt.Errorf("load model from %s: %w", c.dir, err)
+	}
+	return m, nil
 }

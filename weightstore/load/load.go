@@ -1,6 +1,7 @@
 // Package load turns a checkpoint into a servable model: weights mapped
-// from the node, a tokenizer, and engines started on a fresh KV pool. It
-// is the one load path the engine server uses; bucket sources extend it.
+// from a directory on the node, or streamed from a bucket revision into the
+// device (through the node cache); a tokenizer; and engines started on a
+// fresh KV pool. It is the one load path the engine server uses.
 package load
 
 import (
@@ -10,68 +11,151 @@ import (
 	"path/filepath"
 
 	"github.com/stokehq/stoke/engine/core"
+	"github.com/stokehq/stoke/engine/device"
 	"github.com/stokehq/stoke/engine/kernels"
 	"github.com/stokehq/stoke/engine/kvcache"
 	"github.com/stokehq/stoke/engine/server"
 	"github.com/stokehq/stoke/engine/tokenizer"
+	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/checkpoint"
+	"github.com/stokehq/stoke/weightstore/loader"
+	"github.com/stokehq/stoke/weightstore/nodecache"
 )
 
-// Options describe the CPU engines a checkpoint is served with.
+// Options describe the CPU engines a checkpoint is served with and where
+// bucket revisions are streamed.
 type Options struct {
 	Engine server.EngineOptions
 	// KVCacheBytes is the memory of each engine's KV pool.
 	KVCacheBytes int64
 	// Threads computing the model; 0 means every core.
 	Threads int
+	// Device receives streamed weights; nil means the CPU.
+	Device device.Device
+	// Cache is the node cache bucket revisions go through; nil streams
+	// every load from the bucket.
+	Cache nodecache.Cache
+	// Stream tunes the streaming loader (its Progress is set per load).
+	Stream loader.Options
+	// S3 configures s3:// sources.
+	S3 bucket.S3Options
 }
 
-// Checkpoint returns a loader for checkpoint directories on this node.
+// Checkpoint returns the loader for checkpoints in a directory on this node
+// (LoadRequest.Path) and revisions in buckets (Source, Model, Revision).
 func Checkpoint(o Options) server.Loader {
-	return func(ctx context.Context, path string) (*server.Loaded, error) {
-		tok, err := tokenizer.Load(path)
-		if err != nil && !errors.Is(err, tokenizer.ErrNoTokenizer) {
-			return nil, err
-		}
-		pool := kernels.NewPool(o.Threads)
-		m, ck, err := checkpoint.LoadModel(path, pool)
-		if err != nil {
-			pool.Close()
-			return nil, err
-		}
-		release := func() error {
-			pool.Close()
-			return ck.Close()
-		}
-		cfg := m.Config()
-		blocks := kvcache.BlocksForBudget(m.KVShape(), o.KVCacheBytes)
-		if blocks < 1 {
-			release()
-			return nil, fmt.Errorf("a KV cache of %d bytes holds no block of %s (%d bytes each)", o.KVCacheBytes, path, m.KVShape().BytesPerBlock())
-		}
-		ec := core.Config{Sched: o.Engine.SchedFor(cfg.MaxPositionEmbeddings)}
-		for _, id := range cfg.EOSTokenID {
-			ec.EOS = append(ec.EOS, int32(id))
-		}
-		if tok != nil {
-			ec.EOS = append(ec.EOS, tok.EOS()...)
-		}
-		name := o.Engine.ServedName
-		if name == "" {
-			name = filepath.Base(filepath.Clean(path))
-		}
-		return &server.Loaded{
-			Name:        name,
-			Tokenizer:   tok,
-			MaxModelLen: ec.Sched.MaxModelLen,
-			Start: func(metrics *core.Metrics) (*core.Engine, error) {
-				storage, err := kvcache.New(m.KVShape(), blocks)
-				if err != nil {
-					return nil, err
-				}
-				return core.New(ec, kvcache.NewManager(blocks, o.Engine.PrefixCaching), core.NewModelExecutor(m, storage), tok, metrics)
-			},
-			Close: release,
-		}, nil
+	if o.Device == nil {
+		o.Device = device.NewCPU()
 	}
+	return func(ctx context.Context, req server.LoadRequest, progress func(server.LoadProgress)) (*server.Loaded, error) {
+		if progress == nil {
+			progress = func(server.LoadProgress) {}
+		}
+		if req.Path != "" {
+			return o.fromDir(req.Path, progress)
+		}
+		return o.fromBucket(ctx, req, progress)
+	}
+}
+
+func (o Options) fromDir(path string, progress func(server.LoadProgress)) (*server.Loaded, error) {
+	progress(server.LoadProgress{Tier: "local"})
+	tok, err := tokenizer.Load(path)
+	if err != nil && !errors.Is(err, tokenizer.ErrNoTokenizer) {
+		return nil, err
+	}
+	ck, err := checkpoint.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	name := o.Engine.ServedName
+	if name == "" {
+		name = filepath.Base(filepath.Clean(path))
+	}
+	return o.serve(name, ck, tok, ck.Close)
+}
+
+func (o Options) fromBucket(ctx context.Context, req server.LoadRequest, progress func(server.LoadProgress)) (*server.Loaded, error) {
+	b, err := bucket.Open(ctx, req.Source, o.S3)
+	if err != nil {
+		return nil, err
+	}
+	so := o.Stream
+	so.Progress = func(p loader.Progress) {
+		progress(server.LoadProgress{Bytes: p.Bytes, TotalBytes: p.Total, GBps: p.GBps(), ElapsedSeconds: p.Elapsed.Seconds()})
+	}
+	res, err := loader.LoadRevision(ctx, o.Device, o.Cache, loader.Request{Bucket: b, Model: req.Model, Revision: req.Revision}, so)
+	if err != nil {
+		return nil, err
+	}
+	progress(server.LoadProgress{Revision: res.Manifest.Revision, Tier: string(res.Tier), Bytes: res.Manifest.TotalBytes,
+		TotalBytes: res.Manifest.TotalBytes, GBps: float64(res.Manifest.TotalBytes) / res.Elapsed.Seconds() / 1e9, ElapsedSeconds: res.Elapsed.Seconds()})
+	files := make(map[string][]byte, len(res.Device)+len(res.Host))
+	for name, data := range res.Host {
+		files[name] = data
+	}
+	for name, buf := range res.Device {
+		hm, ok := buf.(device.HostMemory)
+		if !ok {
+			res.Free()
+			return nil, fmt.Errorf("load %s: the CPU engine cannot compute on %s memory", req, o.Device.Name())
+		}
+		files[name] = hm.Bytes()[:buf.Size()]
+	}
+	tok, err := tokenizer.FromFiles(files)
+	if err != nil && !errors.Is(err, tokenizer.ErrNoTokenizer) {
+		res.Free()
+		return nil, fmt.Errorf("load %s: %w", req, err)
+	}
+	ck, err := checkpoint.OpenMemory(req.String(), files)
+	if err != nil {
+		res.Free()
+		return nil, err
+	}
+	name := o.Engine.ServedName
+	if name == "" {
+		name = req.Model
+	}
+	return o.serve(name, ck, tok, func() error { return errors.Join(ck.Close(), res.Free()) })
+}
+
+// serve builds the model over ck's tensors and the Loaded that starts its
+// engines; release frees the weights once the model is done.
+func (o Options) serve(name string, ck *checkpoint.Checkpoint, tok *tokenizer.Tokenizer, release func() error) (*server.Loaded, error) {
+	pool := kernels.NewPool(o.Threads)
+	closeAll := func() error {
+		pool.Close()
+		return release()
+	}
+	m, err := ck.Model(pool)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	cfg := m.Config()
+	blocks := kvcache.BlocksForBudget(m.KVShape(), o.KVCacheBytes)
+	if blocks < 1 {
+		closeAll()
+		return nil, fmt.Errorf("a KV cache of %d bytes holds no block of %s (%d bytes each)", o.KVCacheBytes, name, m.KVShape().BytesPerBlock())
+	}
+	ec := core.Config{Sched: o.Engine.SchedFor(cfg.MaxPositionEmbeddings)}
+	for _, id := range cfg.EOSTokenID {
+		ec.EOS = append(ec.EOS, int32(id))
+	}
+	if tok != nil {
+		ec.EOS = append(ec.EOS, tok.EOS()...)
+	}
+	return &server.Loaded{
+		Name:        name,
+		Tokenizer:   tok,
+		MaxModelLen: ec.Sched.MaxModelLen,
+		Start: func(metrics *core.Metrics) (*core.Engine, error) {
+			storage, err := kvcache.New(m.KVShape(), blocks)
+			if err != nil {
+				return nil, err
+			}
+			return core.New(ec, kvcache.NewManager(blocks, o.Engine.PrefixCaching), core.NewModelExecutor(m, storage), tok, metrics)
+		},
+		Close: closeAll,
+	}, nil
 }

@@ -2,7 +2,9 @@ package load
 
 import (
 	"context"
+	"encoding/json"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -16,7 +18,11 @@ import (
 	"github.com/stokehq/stoke/engine/sample"
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/server"
+	"github.com/stokehq/stoke/weightstore/bucket"
+	"github.com/stokehq/stoke/weightstore/bucket/bucketest"
 	"github.com/stokehq/stoke/weightstore/checkpoint"
+	"github.com/stokehq/stoke/weightstore/nodecache"
+	"github.com/stokehq/stoke/weightstore/push"
 )
 
 const stories = "../../../shared/models/stories260K"
@@ -30,7 +36,7 @@ func TestStoriesConcurrentMatchesAlone(t *testing.T) {
 	}
 	opts := Options{Engine: server.EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 32}, PrefixCaching: true},
 		KVCacheBytes: 64 << 20, Threads: 2}
-	loaded, err := Checkpoint(opts)(context.Background(), stories)
+	loaded, err := Checkpoint(opts)(context.Background(), server.LoadRequest{Path: stories}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,19 +110,120 @@ func TestCheckpointLoaderErrors(t *testing.T) {
 		{"kv too small", stories, Options{KVCacheBytes: 100}, "holds no block"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Checkpoint(tc.opts)(context.Background(), tc.path)
+			_, err := Checkpoint(tc.opts)(context.Background(), server.LoadRequest{Path: tc.path}, nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want %q", err, tc.want)
 			}
 		})
 	}
 	loaded, err := Checkpoint(Options{Engine: server.EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 64, MaxNumSeqs: 4, MaxModelLen: 100000}},
-		KVCacheBytes: 1 << 20})(context.Background(), stories)
+		KVCacheBytes: 1 << 20})(context.Background(), server.LoadRequest{Path: stories}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer loaded.Close()
 	if loaded.Name != "stories260K" || loaded.MaxModelLen != 512 {
 		t.Fatalf("name %q, context %d: want the directory's name and the model's 512", loaded.Name, loaded.MaxModelLen)
+	}
+}
+
+// TestBucketSourceServesGolden pushes stories260K to a bucket, serves it
+// from there the way POST /admin/load {"source","model"} does (first from
+// the bucket, then from the node cache) and checks both serve the golden
+// greedy completions of the reference implementation.
+func TestBucketSourceServesGolden(t *testing.T) {
+	if _, err := os.Stat(stories); err != nil {
+		t.Skip("test model absent")
+	}
+	raw, err := os.ReadFile(filepath.Join(stories, "golden.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var golden struct {
+		Cases []struct {
+			Name       string  `json:"name"`
+			Prompt     []int32 `json:"prompt_ids"`
+			Completion []int32 `json:"greedy_completion_ids"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(raw, &golden); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	root := "file://" + t.TempDir()
+	dest, err := bucket.Open(ctx, root+"/stories", bucket.S3Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := push.Push(ctx, stories, dest, push.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := nodecache.NewDir(t.TempDir(), nodecache.DirOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{Engine: server.EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 8}}, KVCacheBytes: 16 << 20, Threads: 2, Cache: cache}
+	for _, wantTier := range []string{"t3", "t2"} {
+		var last server.LoadProgress
+		loaded, err := Checkpoint(opts)(ctx, server.LoadRequest{Source: root, Model: "stories", Revision: m.Revision}, func(p server.LoadProgress) { last = p })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last.Tier != wantTier || last.Revision != m.Revision || last.Bytes != m.TotalBytes || loaded.Name != "stories" {
+			t.Fatalf("last progress %+v, model %q: want tier %s, revision %s, %d bytes, name stories", last, loaded.Name, wantTier, m.Revision, m.TotalBytes)
+		}
+		e, err := loaded.Start(core.NewMetrics(prometheus.NewRegistry(), loaded.Name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		go e.Run(runCtx)
+		for _, c := range golden.Cases {
+			s, err := e.Submit(core.Params{Prompt: c.Prompt, MaxTokens: len(c.Completion), Sampling: sample.Params{TopP: 1, Logprobs: -1}, IgnoreEOS: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []int32
+			for {
+				d, ok := s.Next(runCtx)
+				if !ok {
+					break
+				}
+				got = append(got, d.IDs...)
+			}
+			if !slices.Equal(got, c.Completion) {
+				t.Fatalf("%s from %s: %v, want %v", c.Name, wantTier, got, c.Completion)
+			}
+		}
+		cancel()
+		loaded.Close()
+	}
+}
+
+func TestBucketSourceErrors(t *testing.T) {
+	ep, ak, sk := bucketest.StartMinIO(t)
+	bucketest.MakeBucket(t, ep, ak, sk, "models")
+	good := bucket.S3Options{Endpoint: ep, AccessKey: ak, SecretKey: sk, PathStyle: true, MaxRetries: 1}
+	wrongCreds := good
+	wrongCreds.SecretKey = "not-the-secret"
+	for _, tc := range []struct {
+		name string
+		s3   bucket.S3Options
+		req  server.LoadRequest
+		want string
+	}{
+		{"wrong credentials", wrongCreds, server.LoadRequest{Source: "s3://models", Model: "m"}, "access denied"},
+		{"missing bucket", good, server.LoadRequest{Source: "s3://no-such-bucket", Model: "m"}, "bucket does not exist"},
+		{"missing model", good, server.LoadRequest{Source: "s3://models", Model: "m"}, "not a pushed revision"},
+		{"bad model name", good, server.LoadRequest{Source: "s3://models", Model: "../m"}, "load model"},
+		{"unsupported scheme", good, server.LoadRequest{Source: "gs://models", Model: "m"}, "unsupported scheme"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Checkpoint(Options{S3: tc.s3, KVCacheBytes: 1 << 20})(context.Background(), tc.req, nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package safetensors
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 
@@ -53,6 +54,18 @@ func open(path string, tryMmap bool) (*File, error) {
 		return nil, fmt.Errorf("read data of %s: %w", path, err)
 	}
 	return f, nil
+}
+
+// FromBytes parses a safetensors file held in memory (a device buffer the
+// host addresses, say) and serves zero-copy views into data, which the
+// caller keeps alive and unchanged until it is done with the File. name
+// identifies the file in errors.
+func FromBytes(name string, data []byte) (*File, error) {
+	h, err := ReadHeader(bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		return nil, fmt.Errorf("read header of %s: %w", name, err)
+	}
+	return &File{path: name, header: h, data: data[h.DataStart:]}, nil
 }
 
 // Path is the path the file was opened from.

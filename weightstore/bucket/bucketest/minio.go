@@ -65,6 +65,24 @@ func Binary() (string, error) {
 // skipped when STOKE_SKIP_MINIO=1.
 func StartMinIO(t testing.TB) (endpoint, accessKey, secretKey string) {
 	t.Helper()
+	s := StartServer(t)
+	return s.Endpoint, AccessKey, SecretKey
+}
+
+// Server is a running MinIO server that a test can stop and start again
+// (same address, same data), to see what a client does while it is away.
+type Server struct {
+	// Endpoint is "http://127.0.0.1:PORT".
+	Endpoint                string
+	bin, dir, addr, console string
+
+	mu   sync.Mutex
+	stop func()
+}
+
+// StartServer is StartMinIO returning the server, for tests that stop it.
+func StartServer(t testing.TB) *Server {
+	t.Helper()
 	bin, err := Binary()
 	if err != nil {
 		if os.Getenv("STOKE_SKIP_MINIO") == "1" {
@@ -75,13 +93,73 @@ func StartMinIO(t testing.TB) (endpoint, accessKey, secretKey string) {
 	// A port found free may be taken before MinIO binds it; try again then.
 	var lastErr error
 	for range 3 {
-		endpoint, lastErr = start(t, bin)
-		if lastErr == nil {
-			return endpoint, AccessKey, SecretKey
+		ports, err := freePorts(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &Server{bin: bin, dir: t.TempDir(), addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), console: fmt.Sprintf("127.0.0.1:%d", ports[1])}
+		s.Endpoint = "http://" + s.addr
+		if lastErr = s.Start(); lastErr == nil {
+			t.Cleanup(s.Stop)
+			return s
 		}
 	}
 	t.Fatalf("start MinIO: %v", lastErr)
-	return "", "", ""
+	return nil
+}
+
+// Stop kills the server; its data stays for Start. Stopping a stopped
+// server does nothing.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	stop := s.stop
+	s.stop = nil
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// Start starts a stopped server again on its address and data, and waits
+// until it is ready.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stop != nil {
+		return nil
+	}
+	cmd := exec.Command(s.bin, "server", filepath.Join(s.dir, "data"),
+		"--address", s.addr,
+		"--console-address", s.console,
+		"--certs-dir", filepath.Join(s.dir, "certs"),
+		"--quiet")
+	cmd.Env = append(os.Environ(),
+		"MINIO_ROOT_USER="+AccessKey,
+		"MINIO_ROOT_PASSWORD="+SecretKey,
+		"MINIO_BROWSER=off",
+		"MINIO_UPDATE=off",
+		"HOME="+s.dir,
+	)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("run %s: %w", s.bin, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop := func() {
+		cmd.Process.Kill()
+		<-exited
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if err := waitReady(ctx, s.Endpoint, exited); err != nil {
+		stop()
+		return fmt.Errorf("MinIO at %s: %w; its output:\n%s", s.addr, err, out.String())
+	}
+	s.stop = stop
+	return nil
 }
 
 // syncBuffer collects a process's output for error messages.
@@ -100,49 +178,6 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
-}
-
-func start(t testing.TB, bin string) (string, error) {
-	dir := t.TempDir()
-	ports, err := freePorts(2)
-	if err != nil {
-		return "", err
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
-	cmd := exec.Command(bin, "server", filepath.Join(dir, "data"),
-		"--address", addr,
-		"--console-address", fmt.Sprintf("127.0.0.1:%d", ports[1]),
-		"--certs-dir", filepath.Join(dir, "certs"),
-		"--quiet")
-	cmd.Env = append(os.Environ(),
-		"MINIO_ROOT_USER="+AccessKey,
-		"MINIO_ROOT_PASSWORD="+SecretKey,
-		"MINIO_BROWSER=off",
-		"MINIO_UPDATE=off",
-		"HOME="+dir,
-	)
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		return "", fmt.Errorf("run %s: %w", bin, err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stop := func() {
-		cmd.Process.Kill()
-		<-exited
-	}
-
-	endpoint := "http://" + addr
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	if err := waitReady(ctx, endpoint, exited); err != nil {
-		stop()
-		return "", fmt.Errorf("MinIO at %s: %w; its output:\n%s", addr, err, out.String())
-	}
-	t.Cleanup(stop)
-	return endpoint, nil
 }
 
 // waitReady polls MinIO's liveness and then readiness probes.

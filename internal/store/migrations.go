@@ -1,0 +1,71 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// migrations are the schema's steps, in order: migrations[i] takes a
+// database from user_version i to i+1. Append new steps; never edit or
+// reorder released ones.
+var migrations = [...]string{
+	// 1: revisions of models, immutable once recorded except for their
+	// validation state.
+	`CREATE TABLE revisions (
+		id         INTEGER PRIMARY KEY AUTOINCREMENT,
+		model      TEXT    NOT NULL,
+		digest     TEXT    NOT NULL,
+		state      TEXT    NOT NULL CHECK (state IN ('validating', 'ready', 'failed')),
+		reason     TEXT    NOT NULL DEFAULT '',
+		source     TEXT    NOT NULL DEFAULT '',
+		manifest   TEXT    NOT NULL DEFAULT '',
+		created_at INTEGER NOT NULL,
+		updated_at INTEGER NOT NULL,
+		UNIQUE (model, digest)
+	);
+	CREATE INDEX revisions_by_model ON revisions (model, id);`,
+}
+
+// SchemaVersion is the user_version of a database this package has brought
+// up to date.
+const SchemaVersion = len(migrations)
+
+// migrate applies the missing migrations, each in its own transaction
+// together with the user_version it reaches, so that a crash leaves the
+// schema at a whole step.
+func (s *Store) migrate(ctx context.Context) error {
+	for {
+		done, err := s.migrateOne(ctx)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// migrateOne applies the next missing migration and reports whether the
+// schema was already current.
+func (s *Store) migrateOne(ctx context.Context) (done bool, err error) {
+	err = s.tx(ctx, func(tx *sql.Tx) error {
+		var v int
+		if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+			return fmt.Errorf("read schema version: %w", err)
+		}
+		switch {
+		case v > SchemaVersion:
+			return fmt.Errorf("schema version %d is newer than this binary's %d; upgrade stoke", v, SchemaVersion)
+		case v == SchemaVersion:
+			done = true
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, migrations[v]); err != nil {
+			return fmt.Errorf("migrate schema from version %d to %d: %w", v, v+1, err)
+		}
+		// PRAGMA takes no bound parameters; v+1 is a small integer.
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", v+1)); err != nil {
+			return fmt.Errorf("record schema version %d: %w", v+1, err)
+		}
+		return nil
+	})
+	return done, err
+}

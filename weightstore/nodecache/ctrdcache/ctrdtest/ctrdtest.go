@@ -1,0 +1,45 @@
+// Package ctrdtest starts a private containerd for tests of the containerd
+// node cache. The daemon comes from scripts/install-containerd.sh (Debian's
+// containerd package), which `make deps` runs; tests skip when it is not
+// installed or cannot start here (for instance when not run as root), unless
+// STOKE_REQUIRE_CONTAINERD=1 turns that into a failure.
+package ctrdtest
+
+import (
+	"bytes"
+	"sync"
+	"time"
+)
+
+// Namespace is the containerd namespace tests use unless they need another.
+const Namespace = "stoke-test"
+
+// startTimeout bounds how long a daemon may take to answer.
+const startTimeout = 30 * time.Second
+
+// stopTimeout is how long a daemon gets to exit after SIGTERM before it and
+// its process group are killed.
+const stopTimeout = 10 * time.Second
+
+// maxSocketPath is the longest socket path used: sun_path holds 108 bytes
+// with the terminating NUL, and containerd adds ".ttrpc" for its second
+// socket.
+const maxSocketPath = 100
+
+// syncBuffer collects a process's output for error messages.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
