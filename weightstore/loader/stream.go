@@ -50,8 +50,13 @@ type File struct {
 	Dst  device.Buffer
 	Host []byte
 	// Tee, when set, receives the content in order (a node cache writer).
+	// A Tee with a Sum method (the hex sha256 of what it received, as
+	// nodecache.Writer has) verifies the content instead of a second hash.
 	Tee io.Writer
 }
+
+// summer is a Tee that hashes what it receives.
+type summer interface{ Sum() string }
 
 // Options tune a Stream.
 type Options struct {
@@ -198,7 +203,7 @@ func Stream(ctx context.Context, dev device.Device, files []File, opts Options) 
 	}
 	for i, f := range files {
 		if f.Verify {
-			if got := hex.EncodeToString(s.seqs[i].hash.Sum(nil)); got != f.SHA256 {
+			if got := s.seqs[i].sum(); got != f.SHA256 {
 				return fmt.Errorf("verify %s: sha256 is %s, the manifest says %s: the object is corrupt", f.Name, got, f.SHA256)
 			}
 		}
@@ -465,14 +470,26 @@ type sequencer struct {
 }
 
 func newSequencer(s *streamer, file int) *sequencer {
-	q := &sequencer{s: s, file: file, hash: sha256.New(), in: make(chan ready, s.opts.Staging)}
+	q := &sequencer{s: s, file: file, in: make(chan ready, s.opts.Staging)}
+	f := s.files[file]
+	if _, ok := f.Tee.(summer); !ok && f.Verify {
+		q.hash = sha256.New()
+	}
 	s.seqWG.Add(1)
 	go q.run()
 	return q
 }
 
 func (q *sequencer) deliver(r ready) { q.in <- r }
-func (q *sequencer) close()          { close(q.in) }
+
+// sum is the hex sha256 of the file's content, from the tee when it hashes.
+func (q *sequencer) sum() string {
+	if t, ok := q.s.files[q.file].Tee.(summer); ok {
+		return t.Sum()
+	}
+	return hex.EncodeToString(q.hash.Sum(nil))
+}
+func (q *sequencer) close() { close(q.in) }
 
 func (s *streamer) waitSequencers() { s.seqWG.Wait() }
 
@@ -506,7 +523,7 @@ func (q *sequencer) consume(f File, r ready) error {
 		return nil
 	}
 	data := r.data
-	if f.Verify {
+	if q.hash != nil {
 		q.hash.Write(data)
 	}
 	if f.Tee != nil {

@@ -267,6 +267,9 @@ type dirWriter struct {
 	done bool
 }
 
+// Sum implements Writer.
+func (w *dirWriter) Sum() string { return hex.EncodeToString(w.h.Sum(nil)) }
+
 // Write appends p. Bytes beyond the announced size are counted but not
 // stored: Commit will refuse them anyway.
 func (w *dirWriter) Write(p []byte) (int, error) {

@@ -66,6 +66,10 @@ type Blob interface {
 // Writer receives a blob's content in order.
 type Writer interface {
 	io.Writer
+	// Sum is the lowercase hex sha256 of the bytes written so far, so a
+	// caller that must check the content before Commit need not hash it a
+	// second time.
+	Sum() string
 	// Commit checks the size and sha256 of what was written and publishes
 	// the blob atomically; on a mismatch it discards the content and
 	// returns an error wrapping ErrDigestMismatch. A blob committed

@@ -228,6 +228,10 @@ type writer struct {
 	err    error // the first write error
 }
 
+// Sum implements nodecache.Writer with the digest containerd computed of
+// what it received.
+func (w *writer) Sum() string { return w.cw.Digest().Encoded() }
+
 // Write sends p to containerd in chunks.
 func (w *writer) Write(p []byte) (int, error) {
 	switch {
