@@ -125,3 +125,16 @@ func TestCLIErrors(t *testing.T) {
 		})
 	}
 }
+
+// runMainEnv makes the test binary run stoke's main instead of the tests,
+// so tests can start stoke as a separate process (and kill it).
+const runMainEnv = "STOKE_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		os.Args = append([]string{"stoke"}, os.Args[1:]...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}

@@ -7,12 +7,17 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/weightstore/nodecache/ctrdcache/ctrdtest"
 	"github.com/stokehq/stoke/weightstore/synth"
 )
 
@@ -161,4 +166,85 @@ func TestWatchCLI(t *testing.T) {
 	if out, err := stoke(t, "watch", root, "--state", state, "--once"); err != nil || out != "" {
 		t.Fatalf("second scan: %v %q, want nothing new", err, out)
 	}
+}
+
+// TestPullSurvivesSIGKILL kills `stoke pull` with SIGKILL halfway through
+// writing the node cache, then pulls again: nothing half-written is ever
+// served, the next pull re-fetches and verifies, and the one after is t2.
+func TestPullSurvivesSIGKILL(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "src")
+	if err := synth.Write(context.Background(), src, synth.Options{Preset: "small", DType: dtype.F32, ShardSize: 4 << 20, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	root := "file://" + t.TempDir()
+	out, err := stoke(t, "push", src, root+"/small")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	rev := lines[len(lines)-1]
+	var size int64
+	ents, _ := os.ReadDir(src)
+	for _, e := range ents {
+		info, _ := e.Info()
+		size += info.Size()
+	}
+	caches := map[string]func(t *testing.T) []string{
+		"dir":        func(t *testing.T) []string { return []string{"--cache-dir", t.TempDir()} },
+		"containerd": func(t *testing.T) []string { return []string{"--containerd-socket", ctrdtest.Start(t)} },
+	}
+	for name, cacheArgs := range caches {
+		t.Run(name, func(t *testing.T) {
+			cache := cacheArgs(t)
+			cmd := exec.Command(os.Args[0], append([]string{"pull", root + "/small", "--parallel", "1", "--chunk-size", "4KiB"}, cache...)...)
+			cmd.Env = append(os.Environ(), runMainEnv+"=1")
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			// Kill once the process has read half the checkpoint.
+			for readBytes(cmd.Process.Pid) < size/2 {
+				select {
+				case <-exited:
+					t.Fatalf("pull ended before it was killed: %s", stderr.String())
+				case <-time.After(time.Millisecond):
+				}
+			}
+			cmd.Process.Signal(syscall.SIGKILL)
+			if err := <-exited; err == nil {
+				t.Fatalf("pull finished before the kill; make the checkpoint bigger")
+			}
+			for i, want := range []string{"t3", "t2"} {
+				out, err := stoke(t, append([]string{"pull", root + "/small", "--json"}, cache...)...)
+				if err != nil {
+					t.Fatalf("pull %d after the kill: %v\n%s", i+1, err, out)
+				}
+				var r pullReport
+				if err := json.Unmarshal([]byte(out), &r); err != nil {
+					t.Fatalf("%v: %s", err, out)
+				}
+				if r.Tier != want || r.Revision != rev {
+					t.Fatalf("pull %d after the kill: %+v, want tier %s", i+1, r, want)
+				}
+			}
+		})
+	}
+}
+
+// readBytes is how many bytes process pid has read so far (/proc/PID/io).
+func readBytes(pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "rchar: "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }

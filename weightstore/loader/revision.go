@@ -55,17 +55,18 @@ type Result struct {
 	// memory (which a warm runtime has done beforehand).
 	Elapsed, Alloc time.Duration
 
-	// cached is closed once the bytes teed into the node cache are
-	// committed (made durable and published), which runs after the load
-	// returns; cacheErr is then the outcome.
+	// cached is closed once what this load puts into the node cache is
+	// written and committed, which runs after the load returns; cacheErr
+	// is then the outcome.
 	cached   chan struct{}
 	cacheErr error
 }
 
-// WaitCache waits until what this load teed into the node cache is
-// committed, and returns the first commit error. The load itself never
-// waits for it: a commit makes the files durable (fsync), at the speed of
-// the disk, while the engine already serves.
+// WaitCache waits until what this load puts into the node cache is
+// committed, and returns the first error. The load itself does not wait:
+// the cache is written from the loaded memory and made durable (fsync) at
+// the speed of the disk (or of containerd's ingest) while the engine
+// already serves.
 func (r *Result) WaitCache(ctx context.Context) error {
 	if r.cached == nil {
 		return nil
@@ -78,8 +79,12 @@ func (r *Result) WaitCache(ctx context.Context) error {
 	}
 }
 
-// Free releases the device buffers.
+// Free releases the device buffers, after the cache write that reads them
+// (see WaitCache) is done.
 func (r *Result) Free() error {
+	if r.cached != nil {
+		<-r.cached
+	}
 	var errs []error
 	for _, b := range r.Device {
 		errs = append(errs, b.Free())
@@ -206,14 +211,14 @@ func loadRemote(ctx context.Context, dev device.Device, cache nodecache.Cache, r
 	}
 	res.Tier = TierBucket
 	var closers []io.Closer
-	var writers []nodecache.Writer
+	var writes []cacheWrite
 	defer func() {
 		for _, c := range closers {
 			c.Close()
 		}
 		if err != nil {
-			for _, w := range writers {
-				w.Close()
+			for _, cw := range writes {
+				cw.w.Close()
 			}
 			res.Free()
 		}
@@ -235,8 +240,13 @@ func loadRemote(ctx context.Context, dev device.Device, cache nodecache.Cache, r
 			files[i].Src = LocalFile(blob)
 			res.FromCache += mf.Size
 		default:
-			writers = append(writers, w)
-			files[i].Src, files[i].Verify, files[i].Tee = remote, true, w
+			files[i].Src, files[i].Verify = remote, true
+			cw := cacheWrite{w: w, file: &files[i]}
+			if _, ok := files[i].Dst.(device.HostMemory); !ok && files[i].Dst != nil {
+				// Memory the host cannot read back is cached as it streams.
+				files[i].Tee, cw.teed = w, true
+			}
+			writes = append(writes, cw)
 			res.FromBucket += mf.Size
 		}
 	}
@@ -248,20 +258,45 @@ func loadRemote(ctx context.Context, dev device.Device, cache nodecache.Cache, r
 	}
 	if cache != nil {
 		res.cached = make(chan struct{})
-		go res.commitCache(context.WithoutCancel(ctx), cache, m, writers, opts.withDefaults().Logger)
+		go res.commitCache(context.WithoutCancel(ctx), cache, m, writes, opts.withDefaults().Logger)
 	}
 	return res, nil
 }
 
-// commitCache commits the blobs a load teed into cache, then the revision.
+// cacheWrite is a file a load puts into the node cache: teed while it
+// streamed, or written from the loaded memory afterwards.
+type cacheWrite struct {
+	w    nodecache.Writer
+	file *File
+	teed bool
+}
+
+// commitCache writes the verified files the load did not tee into the
+// cache from the loaded memory, commits every blob, then the revision.
 // Until a blob is committed its ingest stays locked, so a concurrent load of
 // the same blob waits for it and then reads it from the cache.
-func (r *Result) commitCache(ctx context.Context, cache nodecache.Cache, m *manifest.Manifest, writers []nodecache.Writer, log *slog.Logger) {
+func (r *Result) commitCache(ctx context.Context, cache nodecache.Cache, m *manifest.Manifest, writes []cacheWrite, log *slog.Logger) {
 	defer close(r.cached)
 	var errs []error
-	for _, w := range writers {
-		errs = append(errs, w.Commit(ctx))
-		w.Close()
+	for _, cw := range writes {
+		if len(errs) == 0 {
+			if !cw.teed {
+				f := cw.file
+				data := f.Host
+				if f.Dst != nil {
+					data = f.Dst.(device.HostMemory).Bytes()
+				}
+				if err := writeAll(ctx, cw.w, data[:f.Size]); err != nil {
+					errs = append(errs, fmt.Errorf("write %s: %w", f.Name, err))
+				}
+			}
+			if len(errs) == 0 {
+				if err := cw.w.Commit(ctx); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+		cw.w.Close()
 	}
 	if err := errors.Join(errs...); err != nil {
 		r.cacheErr = fmt.Errorf("commit %s to the node cache: %w", m.Model, err)
@@ -298,6 +333,22 @@ func cacheEntry(ctx context.Context, cache nodecache.Cache, f manifest.File) (no
 // checkObjects lists the model's prefix once and checks that every file
 // of m is there with its size, so a missing or truncated object is one
 // clear error before any byte moves.
+// writeAll writes data to w in pieces, stopping when ctx ends.
+func writeAll(ctx context.Context, w io.Writer, data []byte) error {
+	const piece = 4 << 20
+	for len(data) > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n, err := w.Write(data[:min(piece, len(data))])
+		if err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
 func checkObjects(ctx context.Context, b bucket.Bucket, model string, m *manifest.Manifest) error {
 	objs, err := b.List(ctx, model+"/")
 	if err != nil {
