@@ -4,7 +4,6 @@
 package bucketest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +19,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/stokehq/stoke/internal/syncbuf"
 )
 
 // Root credentials of the servers StartMinIO starts.
@@ -140,7 +141,7 @@ func (s *Server) Start() error {
 		"MINIO_UPDATE=off",
 		"HOME="+s.dir,
 	)
-	var out syncBuffer
+	var out syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
@@ -160,24 +161,6 @@ func (s *Server) Start() error {
 	}
 	s.stop = stop
 	return nil
-}
-
-// syncBuffer collects a process's output for error messages.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // waitReady polls MinIO's liveness and then readiness probes.

@@ -6,8 +6,6 @@
 package ctrdtest
 
 import (
-	"bytes"
-	"sync"
 	"time"
 )
 
@@ -25,21 +23,3 @@ const stopTimeout = 10 * time.Second
 // with the terminating NUL, and containerd adds ".ttrpc" for its second
 // socket.
 const maxSocketPath = 100
-
-// syncBuffer collects a process's output for error messages.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}

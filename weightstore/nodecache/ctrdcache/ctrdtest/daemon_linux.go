@@ -16,6 +16,8 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd"
+
+	"github.com/stokehq/stoke/internal/syncbuf"
 )
 
 // disabledPlugins are the plugins a content-and-snapshots daemon does not
@@ -84,11 +86,11 @@ type daemon struct {
 	shortDir string // holds the socket when dir is too long for one; else ""
 	cmd      *exec.Cmd
 	exited   chan error
-	out      *syncBuffer
+	out      *syncbuf.Buffer
 }
 
 func startDaemon(bin, dir string) (*daemon, error) {
-	d := &daemon{dir: dir, socket: filepath.Join(dir, "containerd.sock"), exited: make(chan error, 1), out: &syncBuffer{}}
+	d := &daemon{dir: dir, socket: filepath.Join(dir, "containerd.sock"), exited: make(chan error, 1), out: &syncbuf.Buffer{}}
 	if len(d.socket) > maxSocketPath {
 		short, err := os.MkdirTemp("", "ctrd")
 		if err != nil {
