@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/stokehq/stoke/engine/device"
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/server"
 	"github.com/stokehq/stoke/weightstore/load"
@@ -25,7 +26,7 @@ type engineFlags struct {
 	drainTimeout                                    time.Duration
 	cache                                           cacheFlags
 	loadParallel                                    int
-	loadChunk                                       string
+	loadChunk, weightArena                          string
 	s3                                              *s3Flags
 }
 
@@ -55,6 +56,7 @@ func newEngineCmd() *cobra.Command {
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for in-flight requests")
 	fl.IntVar(&f.loadParallel, "load-parallel", 8, "concurrent ranged reads when loading from a bucket or the node cache")
 	fl.StringVar(&f.loadChunk, "load-chunk-size", "4MiB", "size of one ranged read when loading")
+	fl.StringVar(&f.weightArena, "weight-arena", "0", "pre-fault this much memory at start for the weights of bucket loads, as a warm runtime does (0 = allocate per load)")
 	f.cache.add(fl)
 	f.s3 = addS3Flags(fl)
 	return cmd
@@ -91,6 +93,17 @@ func runEngine(ctx context.Context, f engineFlags) error {
 		}
 		defer closeCache()
 		opts.Cache = cache
+		arena, err := parseSize(f.weightArena)
+		if err != nil || arena < 0 {
+			return fmt.Errorf("--weight-arena: %q is not a size", f.weightArena)
+		}
+		if arena > 0 {
+			dev, err := device.NewCPUArena(arena)
+			if err != nil {
+				return err
+			}
+			opts.Device = dev
+		}
 		ld = load.Checkpoint(opts)
 	}
 	srv, err := server.New(server.Options{Loader: ld, Registry: prometheus.NewRegistry(), DrainTimeout: f.drainTimeout})

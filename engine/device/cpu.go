@@ -10,26 +10,92 @@ import (
 
 // CPU is the host as a device: buffers are anonymous memory mappings,
 // page-aligned (so every tensor offset a safetensors file aligns keeps its
-// vector alignment) and pre-faulted at allocation so that loading pays no
-// page faults. Streams copy on their own goroutine.
-type CPU struct{}
+// vector alignment) and pre-faulted so that loading pays no page faults.
+// With an arena (NewCPUArena) buffers are carved from memory faulted in
+// once, up front, as a warm runtime's weight arena is; without one, each
+// allocation maps and faults its own. Streams copy on their own goroutine.
+type CPU struct {
+	mu    sync.Mutex
+	arena []byte // nil: no arena
+	used  int64  // bytes of the arena handed out
+	live  int    // arena buffers not yet freed
+}
 
-// NewCPU returns the CPU device.
+// NewCPU returns the CPU device without an arena.
 func NewCPU() *CPU { return &CPU{} }
+
+// NewCPUArena returns the CPU device with a pre-faulted arena of size
+// bytes. Allocations are carved from it, page-aligned, and it is reused
+// from the start once every buffer carved from it is freed; what does not
+// fit is mapped on its own.
+func NewCPUArena(size int64) (*CPU, error) {
+	mem, err := mapAnon(size)
+	if err != nil {
+		return nil, fmt.Errorf("map a %d-byte weight arena: %w", size, err)
+	}
+	return &CPU{arena: mem}, nil
+}
+
+// ArenaSize is the arena's size in bytes (0 without one).
+func (c *CPU) ArenaSize() int64 { return int64(len(c.arena)) }
+
+// Close unmaps the arena; buffers carved from it must be freed first.
+func (c *CPU) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.live > 0 {
+		return fmt.Errorf("close cpu device: %d arena buffers still in use", c.live)
+	}
+	arena := c.arena
+	c.arena = nil
+	if arena == nil {
+		return nil
+	}
+	return unix.Munmap(arena)
+}
 
 // Name implements Device.
 func (*CPU) Name() string { return "cpu" }
 
-// Alloc implements Device with a populated anonymous mapping.
-func (*CPU) Alloc(ctx context.Context, size int64) (Buffer, error) {
+// Alloc implements Device: from the arena when it has room, else with a
+// populated anonymous mapping.
+func (c *CPU) Alloc(ctx context.Context, size int64) (Buffer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if b := c.carve(size); b != nil {
+		return b, nil
 	}
 	mem, err := mapAnon(size)
 	if err != nil {
 		return nil, fmt.Errorf("alloc %d bytes on cpu: %w", size, err)
 	}
 	return &hostBuffer{mem: mem}, nil
+}
+
+const pageSize = 4096
+
+// carve takes size bytes from the arena, or returns nil when it has no room.
+func (c *CPU) carve(size int64) *hostBuffer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.arena == nil || size < 0 || c.used+size > int64(len(c.arena)) {
+		return nil
+	}
+	mem := c.arena[c.used : c.used+size : c.used+size]
+	c.used = min(int64(len(c.arena)), (c.used+size+pageSize-1)/pageSize*pageSize)
+	c.live++
+	return &hostBuffer{mem: mem, release: c.giveBack}
+}
+
+// giveBack returns an arena buffer; the last one returned rewinds the arena.
+func (c *CPU) giveBack() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.live--
+	if c.live == 0 {
+		c.used = 0
+	}
 }
 
 // AllocStaging implements Device; host memory needs no pinning here.
@@ -59,10 +125,12 @@ func mapAnon(size int64) ([]byte, error) {
 	return unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 }
 
-// hostBuffer is both a CPU device buffer and a staging buffer.
+// hostBuffer is both a CPU device buffer and a staging buffer: its own
+// mapping, or (release set) a piece of an arena.
 type hostBuffer struct {
-	mu  sync.Mutex
-	mem []byte
+	mu      sync.Mutex
+	mem     []byte
+	release func()
 }
 
 func (b *hostBuffer) Size() int64   { return int64(len(b.mem)) }
@@ -73,6 +141,12 @@ func (b *hostBuffer) Free() error {
 	defer b.mu.Unlock()
 	mem := b.mem
 	b.mem = nil
+	if b.release != nil {
+		if mem != nil {
+			b.release()
+		}
+		return nil
+	}
 	if len(mem) == 0 {
 		return nil
 	}

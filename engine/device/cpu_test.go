@@ -77,3 +77,43 @@ func TestCPUCopies(t *testing.T) {
 		t.Fatalf("second free: %v", err)
 	}
 }
+
+func TestCPUArena(t *testing.T) {
+	ctx := context.Background()
+	dev, err := NewCPUArena(5 * 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := dev.Alloc(ctx, 5000) // two pages of the arena
+	b, _ := dev.Alloc(ctx, 4096) // the third
+	big, _ := dev.Alloc(ctx, 3*4096)
+	inArena := func(buf Buffer) bool {
+		p := uintptr(unsafe.Pointer(&buf.(HostMemory).Bytes()[0]))
+		base := uintptr(unsafe.Pointer(&dev.arena[0]))
+		return p >= base && p < base+uintptr(len(dev.arena))
+	}
+	if !inArena(a) || !inArena(b) || inArena(big) {
+		t.Fatalf("in arena: a %v b %v big %v; want a and b only", inArena(a), inArena(b), inArena(big))
+	}
+	if off := uintptr(unsafe.Pointer(&b.(HostMemory).Bytes()[0])) - uintptr(unsafe.Pointer(&dev.arena[0])); off != 8192 {
+		t.Fatalf("second buffer at arena offset %d, want page-aligned 8192", off)
+	}
+	a.(HostMemory).Bytes()[4999] = 7
+	if err := dev.Close(); err == nil {
+		t.Fatal("closed the arena under live buffers")
+	}
+	for _, buf := range []Buffer{a, b, big, a} {
+		if err := buf.Free(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every arena buffer is back: the arena starts over.
+	c, _ := dev.Alloc(ctx, 5*4096)
+	if !inArena(c) || c.(HostMemory).Bytes()[4999] != 7 {
+		t.Fatal("the arena was not reused from its start")
+	}
+	c.Free()
+	if err := dev.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

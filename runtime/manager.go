@@ -1,0 +1,710 @@
+// Package runtime runs engine runtimes on a node's capacity: slots with a
+// capacity class, each runtime's lifecycle (starting → blank → loading →
+// ready → sleeping → draining → stopped, or gone when it dies), health
+// checks, and the warm pool that makes cold starts fast. Acquire hands out
+// a replica of a model revision by the cheapest tier available: wake a
+// sleeping replica (T1), load into a warm blank runtime from the node
+// cache (T2) or the bucket (T3), or start a runtime first (T4). Backends
+// (package process, package containerd) start the runtimes themselves.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/stokehq/stoke/engine/server"
+)
+
+// State is a runtime's lifecycle state.
+type State string
+
+// The runtime states.
+const (
+	StateStarting State = "starting"
+	StateBlank    State = "blank"
+	StateLoading  State = "loading"
+	StateReady    State = "ready"
+	StateSleeping State = "sleeping"
+	StateDraining State = "draining"
+	StateStopped  State = "stopped"
+	// StateGone is a runtime that died or stopped answering.
+	StateGone State = "gone"
+)
+
+// Class is a slot's capacity class.
+type Class string
+
+// The capacity classes.
+const (
+	OnDemand Class = "on-demand"
+	Spot     Class = "spot"
+)
+
+// Tier says how an acquisition got its replica (DESIGN.md's cold-start
+// tiers).
+type Tier string
+
+// The tiers.
+const (
+	TierWake   Tier = "t1" // a sleeping replica woke
+	TierCache  Tier = "t2" // a warm blank runtime loaded from the node cache
+	TierBucket Tier = "t3" // a warm blank runtime loaded from the bucket
+	TierStart  Tier = "t4" // a runtime was started first
+)
+
+// ErrNoCapacity reports a node with no free slot and nothing to evict.
+var ErrNoCapacity = errors.New("no free runtime slot on this node")
+
+// Options configure a Manager.
+type Options struct {
+	// Backend starts the runtimes.
+	Backend Backend
+	// Dir holds the runtimes' sockets.
+	Dir string
+	// Slots lists the node's slots by capacity class; its length is the
+	// node's capacity.
+	Slots []Class
+	// Warm is how many blank runtimes to keep started.
+	Warm int
+	// SleepBudget is the weight memory sleeping replicas may hold; a
+	// released replica past it is unloaded to blank instead.
+	SleepBudget int64
+	// Source is the bucket (s3://… or file://…) models load from.
+	Source string
+	// EngineArgs are passed to every runtime's engine (its KV cache,
+	// weight arena, node cache, threads).
+	EngineArgs []string
+	// MemoryBytes and CPUs limit each runtime where the backend can.
+	MemoryBytes int64
+	CPUs        float64
+	// StartTimeout bounds how long a runtime may take to serve its blank
+	// state (default 30 s).
+	StartTimeout time.Duration
+	// HealthInterval is the time between health checks (default 2 s); a
+	// runtime failing HealthFailures (default 3) in a row is stopped.
+	HealthInterval time.Duration
+	HealthFailures int
+	// StopGrace is how long a stopped runtime may drain (default 10 s).
+	StopGrace time.Duration
+	// KeepOnClose leaves runtimes running when the manager closes, for the
+	// next manager to re-adopt.
+	KeepOnClose bool
+	// OnEvent, when set, receives every event; it must not block.
+	OnEvent func(Event)
+	// Logger receives the manager's logs (slog.Default() when nil).
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.StartTimeout <= 0 {
+		o.StartTimeout = 30 * time.Second
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = 2 * time.Second
+	}
+	if o.HealthFailures <= 0 {
+		o.HealthFailures = 3
+	}
+	if o.StopGrace <= 0 {
+		o.StopGrace = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Event reports a change in a runtime.
+type Event struct {
+	Time    time.Time `json:"time"`
+	Runtime string    `json:"runtime"`
+	Slot    int       `json:"slot"`
+	State   State     `json:"state"`
+	Model   string    `json:"model,omitempty"`
+	// Reason says why, for gone runtimes and failures.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Info describes a runtime, as GET /admin/runtimes lists it.
+type Info struct {
+	ID       string    `json:"id"`
+	Slot     int       `json:"slot"`
+	Class    Class     `json:"class"`
+	State    State     `json:"state"`
+	Model    string    `json:"model,omitempty"`
+	Revision string    `json:"revision,omitempty"`
+	Socket   string    `json:"socket"`
+	InUse    bool      `json:"in_use"`
+	Weights  int64     `json:"weight_bytes,omitempty"`
+	Started  time.Time `json:"started"`
+	LastUsed time.Time `json:"last_used,omitzero"`
+}
+
+// Breakdown is where an acquisition's time went.
+type Breakdown struct {
+	// Start is starting a runtime until it serves (T4 only).
+	Start time.Duration `json:"start_seconds"`
+	// Fetch is streaming the weights into the runtime (T2–T4).
+	Fetch time.Duration `json:"fetch_seconds"`
+	// Load is the rest of the load: building the model and its engine.
+	Load time.Duration `json:"load_seconds"`
+	// Wake is waking a sleeping replica (T1).
+	Wake time.Duration `json:"wake_seconds"`
+	// Warmup is the first one-token completion.
+	Warmup time.Duration `json:"warmup_seconds"`
+	// Total is the whole acquisition.
+	Total time.Duration `json:"total_seconds"`
+}
+
+// Replica is an acquired runtime serving a model revision.
+type Replica struct {
+	ID       string
+	Socket   string
+	Model    string
+	Revision string
+	// Tier is how it was acquired; LoadTier is where its weights came
+	// from ("t2" or "t3") when it loaded any.
+	Tier      Tier
+	LoadTier  string
+	Breakdown Breakdown
+}
+
+// runtimeState is the manager's view of one runtime.
+type runtimeState struct {
+	id       string
+	slot     int
+	state    State
+	model    string
+	revision string
+	weights  int64
+	inUse    bool
+	proc     Process
+	client   *EngineClient
+	started  time.Time
+	lastUsed time.Time
+	fails    int
+	warm     chan struct{} // closed once a starting runtime is blank or gone
+}
+
+// Manager runs the runtimes of one node.
+type Manager struct {
+	opts Options
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	runtimes map[string]*runtimeState
+	slots    []string // runtime id per slot, "" when free
+	seq      int
+	closed   bool
+
+	wg   sync.WaitGroup
+	stop chan struct{}
+}
+
+// New starts a manager: it re-adopts the runtimes an earlier manager left
+// running (or stops those that do not fit or do not answer) and starts
+// filling the warm pool.
+func New(ctx context.Context, opts Options) (*Manager, error) {
+	opts = opts.withDefaults()
+	if opts.Backend == nil || opts.Dir == "" || len(opts.Slots) == 0 {
+		return nil, errors.New("new runtime manager: Backend, Dir and at least one slot are required")
+	}
+	if opts.Warm > len(opts.Slots) {
+		return nil, fmt.Errorf("new runtime manager: a warm pool of %d does not fit %d slots", opts.Warm, len(opts.Slots))
+	}
+	m := &Manager{opts: opts, log: opts.Logger.With("component", "runtime-manager", "backend", opts.Backend.Name()),
+		runtimes: map[string]*runtimeState{}, slots: make([]string, len(opts.Slots)), stop: make(chan struct{}), seq: int(time.Now().UnixNano() % 1e6)}
+	procs, err := opts.Backend.Recover(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("new runtime manager: recover runtimes: %w", err)
+	}
+	for _, p := range procs {
+		m.adopt(ctx, p)
+	}
+	m.wg.Add(1)
+	go m.healthLoop()
+	m.fillPool()
+	return m, nil
+}
+
+// adopt takes over a runtime from an earlier manager when it answers and a
+// slot is free, and stops it otherwise.
+func (m *Manager) adopt(ctx context.Context, p Process) {
+	client := NewEngineClient("unix://" + p.Socket())
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	st, err := client.State(cctx)
+	cancel()
+	m.mu.Lock()
+	slot := slices.Index(m.slots, "")
+	m.mu.Unlock()
+	if err != nil || slot < 0 {
+		reason := "no free slot"
+		if err != nil {
+			reason = err.Error()
+		}
+		m.log.Info("stopping a runtime from an earlier run", "runtime", p.ID(), "reason", reason)
+		p.Stop(ctx, m.opts.StopGrace)
+		client.Close()
+		return
+	}
+	r := &runtimeState{id: p.ID(), slot: slot, proc: p, client: client, started: time.Now(), warm: make(chan struct{})}
+	close(r.warm)
+	switch st.State {
+	case server.StateReady, server.StateSleeping:
+		r.state, r.model = State(st.State), st.Model
+		if st.Load != nil {
+			r.revision, r.weights = st.Load.Revision, st.Load.TotalBytes
+		}
+	default:
+		r.state = StateBlank
+	}
+	m.mu.Lock()
+	m.runtimes[r.id], m.slots[slot] = r, r.id
+	m.mu.Unlock()
+	m.watchExit(r)
+	m.log.Info("re-adopted a runtime", "runtime", r.id, "state", r.state, "model", r.model)
+	m.emit(r, "re-adopted")
+}
+
+// Runtimes lists every runtime, by slot.
+func (m *Manager) Runtimes() []Info {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Info, 0, len(m.runtimes))
+	for _, r := range m.runtimes {
+		out = append(out, Info{ID: r.id, Slot: r.slot, Class: m.opts.Slots[r.slot], State: r.state, Model: r.model, Revision: r.revision,
+			Socket: r.proc.Socket(), InUse: r.inUse, Weights: r.weights, Started: r.started, LastUsed: r.lastUsed})
+	}
+	slices.SortFunc(out, func(a, b Info) int { return a.Slot - b.Slot })
+	return out
+}
+
+// Acquire returns a replica of model at revision ("" for the bucket's
+// current one) by the cheapest tier available. The replica is the
+// caller's until Release.
+func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica, error) {
+	start := time.Now()
+	r, how, err := m.claim(model, revision)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Replica{ID: r.id, Socket: r.proc.Socket(), Model: model, Revision: revision, Tier: TierBucket}
+	fail := func(err error) (*Replica, error) {
+		m.unclaim(r, err)
+		return nil, fmt.Errorf("acquire %s: %w", model, err)
+	}
+	if how == claimStarted || how == claimEvicted {
+		if err := m.waitWarm(ctx, r); err != nil {
+			return fail(err)
+		}
+		if how == claimStarted {
+			rep.Tier, rep.Breakdown.Start = TierStart, time.Since(start)
+		}
+	}
+	switch how {
+	case claimSleeping:
+		rep.Tier = TierWake
+		t := time.Now()
+		if err := r.client.Wake(ctx); err != nil {
+			return fail(err)
+		}
+		rep.Breakdown.Wake = time.Since(t)
+		rep.Revision = r.revision
+	default:
+		m.setState(r, StateLoading, model, "")
+		t := time.Now()
+		st, err := r.client.Load(ctx, server.LoadRequest{Source: m.opts.Source, Model: model, Revision: revision})
+		if err != nil {
+			return fail(err)
+		}
+		total := time.Since(t)
+		if st.Load != nil {
+			rep.LoadTier, rep.Revision = st.Load.Tier, st.Load.Revision
+			rep.Breakdown.Fetch = time.Duration(st.Load.ElapsedSeconds * float64(time.Second))
+			m.mu.Lock()
+			r.revision, r.weights = st.Load.Revision, st.Load.TotalBytes
+			m.mu.Unlock()
+		}
+		rep.Breakdown.Load = max(0, total-rep.Breakdown.Fetch)
+		if rep.Tier != TierStart && rep.LoadTier == string(TierCache) {
+			rep.Tier = TierCache
+		}
+	}
+	t := time.Now()
+	if err := r.client.Complete(ctx, model, []int32{1}); err != nil {
+		return fail(fmt.Errorf("warm-up: %w", err))
+	}
+	rep.Breakdown.Warmup = time.Since(t)
+	m.setState(r, StateReady, model, "")
+	rep.Breakdown.Total = time.Since(start)
+	m.fillPool()
+	m.log.Info("acquired a replica", "runtime", r.id, "model", model, "revision", rep.Revision, "tier", rep.Tier, "load_tier", rep.LoadTier, "seconds", rep.Breakdown.Total.Seconds())
+	return rep, nil
+}
+
+// claimKind says which runtime an acquisition got.
+type claimKind int
+
+const (
+	claimSleeping claimKind = iota // a sleeping replica of the revision
+	claimBlank                     // a warm blank runtime
+	claimStarted                   // a runtime starting (for the pool, or now in a free slot)
+	claimEvicted                   // an idle sleeping replica of another model, being unloaded
+)
+
+// claim picks the runtime an acquisition uses and marks it in use: a
+// sleeping replica of the revision, a blank runtime, a new runtime in a
+// free slot, or a blank one made from the least recently used idle
+// sleeping replica.
+func (m *Manager) claim(model, revision string) (*runtimeState, claimKind, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, 0, errors.New("acquire: the runtime manager is closed")
+	}
+	var blank, starting, sleeper *runtimeState
+	for _, r := range m.sortedRuntimes() {
+		if r.inUse {
+			continue
+		}
+		switch {
+		case r.state == StateSleeping && r.model == model && (revision == "" || r.revision == revision):
+			r.inUse = true
+			return r, claimSleeping, nil
+		case r.state == StateBlank && blank == nil:
+			blank = r
+		case r.state == StateStarting && starting == nil:
+			starting = r
+		case r.state == StateSleeping && (sleeper == nil || r.lastUsed.Before(sleeper.lastUsed)):
+			sleeper = r
+		}
+	}
+	if blank != nil {
+		blank.inUse = true
+		return blank, claimBlank, nil
+	}
+	if starting != nil {
+		starting.inUse = true
+		return starting, claimStarted, nil
+	}
+	if slot := slices.Index(m.slots, ""); slot >= 0 {
+		r, err := m.startLocked(slot)
+		if err != nil {
+			return nil, 0, err
+		}
+		r.inUse = true
+		return r, claimStarted, nil
+	}
+	if sleeper != nil {
+		sleeper.inUse = true
+		sleeper.warm = make(chan struct{})
+		go m.evictSleeper(sleeper)
+		return sleeper, claimEvicted, nil
+	}
+	return nil, 0, fmt.Errorf("acquire %s: %w (%d slots, all busy)", model, ErrNoCapacity, len(m.slots))
+}
+
+// evictSleeper unloads an idle sleeping replica so its runtime can take a
+// new model; waitWarm waits for it like for a starting runtime.
+func (m *Manager) evictSleeper(r *runtimeState) {
+	m.setState(r, StateDraining, "", "evicted for another model")
+	ctx, cancel := context.WithTimeout(context.Background(), m.opts.StopGrace)
+	err := r.client.Unload(ctx)
+	cancel()
+	if err != nil {
+		m.markGone(r, fmt.Sprintf("unload failed: %v", err))
+		return
+	}
+	m.setState(r, StateBlank, "", "")
+	close(r.warm)
+}
+
+// unclaim gives back a runtime whose acquisition failed: back to blank if
+// it still answers, otherwise stopped.
+func (m *Manager) unclaim(r *runtimeState, cause error) {
+	m.log.Warn("acquisition failed", "runtime", r.id, "err", cause)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := r.client.State(ctx)
+	if err == nil && st.State == server.StateBlank {
+		m.mu.Lock()
+		r.inUse = false
+		m.mu.Unlock()
+		m.setState(r, StateBlank, "", cause.Error())
+		m.fillPool()
+		return
+	}
+	m.retire(r, fmt.Sprintf("failed to serve: %v", cause))
+}
+
+// Release returns a replica: it sleeps (weights kept, KV freed) when the
+// sleep budget has room for its weights, and is unloaded back to blank
+// otherwise.
+func (m *Manager) Release(ctx context.Context, id string) error {
+	m.mu.Lock()
+	r, ok := m.runtimes[id]
+	if !ok || !r.inUse {
+		m.mu.Unlock()
+		return fmt.Errorf("release %s: not an acquired runtime", id)
+	}
+	var sleeping int64
+	for _, o := range m.runtimes {
+		if o.state == StateSleeping {
+			sleeping += o.weights
+		}
+	}
+	canSleep := sleeping+r.weights <= m.opts.SleepBudget
+	m.mu.Unlock()
+	if canSleep {
+		if err := r.client.Sleep(ctx); err != nil {
+			m.retire(r, fmt.Sprintf("sleep failed: %v", err))
+			return fmt.Errorf("release %s: %w", id, err)
+		}
+		m.setState(r, StateSleeping, r.model, "")
+	} else {
+		m.setState(r, StateDraining, r.model, "")
+		if err := r.client.Unload(ctx); err != nil {
+			m.retire(r, fmt.Sprintf("unload failed: %v", err))
+			return fmt.Errorf("release %s: %w", id, err)
+		}
+		m.setState(r, StateBlank, "", "")
+	}
+	m.mu.Lock()
+	r.inUse, r.lastUsed = false, time.Now()
+	m.mu.Unlock()
+	return nil
+}
+
+// startLocked starts a runtime in slot; m.mu is held.
+func (m *Manager) startLocked(slot int) (*runtimeState, error) {
+	m.seq++
+	id := fmt.Sprintf("rt-%d-%d", slot, m.seq)
+	spec := Spec{ID: id, Socket: filepath.Join(m.opts.Dir, id+".sock"), EngineArgs: m.opts.EngineArgs, MemoryBytes: m.opts.MemoryBytes, CPUs: m.opts.CPUs}
+	p, err := m.opts.Backend.Start(context.Background(), spec)
+	if err != nil {
+		return nil, fmt.Errorf("start a runtime in slot %d: %w", slot, err)
+	}
+	r := &runtimeState{id: id, slot: slot, state: StateStarting, proc: p, client: NewEngineClient("unix://" + p.Socket()), started: time.Now(), warm: make(chan struct{})}
+	m.runtimes[id], m.slots[slot] = r, id
+	m.watchExit(r)
+	go m.awaitBlank(r)
+	m.emitLocked(r, "")
+	return r, nil
+}
+
+// awaitBlank polls a starting runtime until it serves its blank state,
+// and stops it when it does not within StartTimeout.
+func (m *Manager) awaitBlank(r *runtimeState) {
+	deadline := time.Now().Add(m.opts.StartTimeout)
+	for time.Now().Before(deadline) {
+		select {
+		case <-r.proc.Done():
+			return // watchExit marks it gone
+		case <-time.After(5 * time.Millisecond):
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		st, err := r.client.State(ctx)
+		cancel()
+		if err == nil && st.State == server.StateBlank {
+			m.setState(r, StateBlank, "", "")
+			close(r.warm)
+			return
+		}
+	}
+	m.retire(r, fmt.Sprintf("not serving within the start deadline of %v", m.opts.StartTimeout))
+}
+
+// waitWarm waits until a starting (or evicted) runtime is blank.
+func (m *Manager) waitWarm(ctx context.Context, r *runtimeState) error {
+	m.mu.Lock()
+	warm := r.warm
+	m.mu.Unlock()
+	select {
+	case <-warm:
+	case <-r.proc.Done():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r.state != StateBlank {
+		return fmt.Errorf("runtime %s did not start: %s", r.id, r.state)
+	}
+	return nil
+}
+
+// fillPool starts runtimes until Warm of them are blank or starting and
+// not in use, as free slots allow.
+func (m *Manager) fillPool() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	warm := 0
+	for _, r := range m.runtimes {
+		if !r.inUse && (r.state == StateBlank || r.state == StateStarting) {
+			warm++
+		}
+	}
+	for ; warm < m.opts.Warm; warm++ {
+		slot := slices.Index(m.slots, "")
+		if slot < 0 {
+			return
+		}
+		if _, err := m.startLocked(slot); err != nil {
+			m.log.Warn("warm pool: cannot start a runtime", "err", err)
+			return
+		}
+	}
+}
+
+// watchExit marks a runtime gone when its process exits.
+func (m *Manager) watchExit(r *runtimeState) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		select {
+		case <-r.proc.Done():
+			m.markGone(r, "exited")
+		case <-m.stop:
+		}
+	}()
+}
+
+// markGone frees a dead runtime's slot, tells the listeners and refills
+// the pool.
+func (m *Manager) markGone(r *runtimeState, reason string) {
+	m.mu.Lock()
+	if m.runtimes[r.id] != r {
+		m.mu.Unlock()
+		return
+	}
+	delete(m.runtimes, r.id)
+	if m.slots[r.slot] == r.id {
+		m.slots[r.slot] = ""
+	}
+	r.state = StateGone
+	m.emitLocked(r, reason)
+	closed := m.closed
+	m.mu.Unlock()
+	r.client.Close()
+	m.log.Warn("runtime gone", "runtime", r.id, "slot", r.slot, "reason", reason)
+	ctx, cancel := context.WithTimeout(context.Background(), m.opts.StopGrace)
+	r.proc.Stop(ctx, 0) // removes what it left behind
+	cancel()
+	if !closed {
+		m.fillPool()
+	}
+}
+
+// retire stops a misbehaving runtime and frees its slot.
+func (m *Manager) retire(r *runtimeState, reason string) {
+	ctx, cancel := context.WithTimeout(context.Background(), m.opts.StopGrace)
+	r.proc.Stop(ctx, time.Second)
+	cancel()
+	m.markGone(r, reason)
+}
+
+func (m *Manager) healthLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.opts.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		var check []*runtimeState
+		for _, r := range m.runtimes {
+			if r.state != StateStarting && r.state != StateLoading && r.state != StateDraining {
+				check = append(check, r)
+			}
+		}
+		m.mu.Unlock()
+		for _, r := range check {
+			ctx, cancel := context.WithTimeout(context.Background(), m.opts.HealthInterval)
+			_, err := r.client.State(ctx)
+			cancel()
+			m.mu.Lock()
+			if err == nil {
+				r.fails = 0
+			} else {
+				r.fails++
+			}
+			dead := r.fails >= m.opts.HealthFailures
+			m.mu.Unlock()
+			if dead {
+				go m.retire(r, fmt.Sprintf("failed %d health checks: %v", m.opts.HealthFailures, err))
+			}
+		}
+	}
+}
+
+// Close stops the manager: every runtime is stopped, unless KeepOnClose
+// leaves them to the next manager.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	rs := m.sortedRuntimes()
+	m.mu.Unlock()
+	close(m.stop)
+	m.wg.Wait()
+	var errs []error
+	for _, r := range rs {
+		r.client.Close()
+		if !m.opts.KeepOnClose {
+			errs = append(errs, r.proc.Stop(ctx, m.opts.StopGrace))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Manager) sortedRuntimes() []*runtimeState {
+	rs := make([]*runtimeState, 0, len(m.runtimes))
+	for _, r := range m.runtimes {
+		rs = append(rs, r)
+	}
+	slices.SortFunc(rs, func(a, b *runtimeState) int { return a.slot - b.slot })
+	return rs
+}
+
+func (m *Manager) setState(r *runtimeState, st State, model, reason string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r.state == StateGone {
+		return
+	}
+	r.state = st
+	if model != "" || st == StateBlank {
+		r.model = model
+	}
+	if st == StateBlank {
+		r.revision, r.weights = "", 0
+	}
+	m.emitLocked(r, reason)
+}
+
+func (m *Manager) emit(r *runtimeState, reason string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.emitLocked(r, reason)
+}
+
+func (m *Manager) emitLocked(r *runtimeState, reason string) {
+	if m.opts.OnEvent != nil {
+		m.opts.OnEvent(Event{Time: time.Now(), Runtime: r.id, Slot: r.slot, State: r.state, Model: r.model, Reason: reason})
+	}
+}

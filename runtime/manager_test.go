@@ -1,0 +1,312 @@
+package runtime_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/runtime"
+	"github.com/stokehq/stoke/runtime/process"
+	"github.com/stokehq/stoke/weightstore/bucket"
+	"github.com/stokehq/stoke/weightstore/push"
+	"github.com/stokehq/stoke/weightstore/synth"
+)
+
+// stokeBinary is built once for the package's tests.
+var stokeBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "stoke-bin-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "stoke")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/stokehq/stoke/cmd/stoke")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build stoke: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if bin, err := stokeBinary(); err == nil {
+		os.RemoveAll(filepath.Dir(bin))
+	}
+	os.Exit(code)
+}
+
+// node is a manager under test with what it runs on.
+type node struct {
+	dir, source string
+	backend     runtime.Backend
+	events      chan runtime.Event
+}
+
+// newNode pushes a tiny synthetic model under each name into a file://
+// bucket and prepares a process backend.
+func newNode(t *testing.T, models ...string) *node {
+	t.Helper()
+	bin, err := stokeBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src := filepath.Join(t.TempDir(), "src")
+	if err := synth.Write(ctx, src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	for _, name := range models {
+		b, err := bucket.Open(ctx, "file://"+filepath.Join(root, name), bucket.S3Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := push.Push(ctx, src, b, push.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Unix socket paths are short: keep the runtimes' directory near /tmp.
+	dir, err := os.MkdirTemp("", "rt-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	be, err := process.New(process.Options{Binary: bin, Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &node{dir: dir, source: "file://" + root, backend: be, events: make(chan runtime.Event, 1000)}
+}
+
+func (n *node) manager(t *testing.T, slots, warm int, sleepBudget int64, keep bool) *runtime.Manager {
+	t.Helper()
+	classes := make([]runtime.Class, slots)
+	for i := range classes {
+		classes[i] = runtime.OnDemand
+	}
+	m, err := runtime.New(context.Background(), runtime.Options{
+		Backend: n.backend, Dir: n.dir, Slots: classes, Warm: warm, SleepBudget: sleepBudget, Source: n.source,
+		EngineArgs:     []string{"--kv-cache-memory", "8MiB", "--threads", "1", "--cache-dir", filepath.Join(n.dir, "cache"), "--weight-arena", "4MiB"},
+		HealthInterval: 200 * time.Millisecond, StopGrace: 5 * time.Second, KeepOnClose: keep,
+		OnEvent: func(e runtime.Event) {
+			select {
+			case n.events <- e:
+			default:
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// waitFor polls until cond holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func states(m *runtime.Manager) map[runtime.State]int {
+	out := map[runtime.State]int{}
+	for _, r := range m.Runtimes() {
+		out[r.State]++
+	}
+	return out
+}
+
+// engines lists the stoke engine processes listening under dir, and fails
+// on zombies among them.
+func engines(t *testing.T, dir string) []int {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(cmdline), "unix://"+dir) {
+			continue
+		}
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if f := strings.Fields(string(stat)); len(f) > 2 && f[2] == "Z" {
+			t.Errorf("engine %d is a zombie", pid)
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+func TestManagerTiersAndFaults(t *testing.T) {
+	n := newNode(t, "a", "b", "c")
+	ctx := context.Background()
+	m := n.manager(t, 2, 1, 1<<30, false)
+	defer m.Close(ctx)
+	waitFor(t, "a warm blank runtime", func() bool { return states(m)[runtime.StateBlank] == 1 })
+
+	acquire := func(model string, want runtime.Tier, wantLoad string) *runtime.Replica {
+		t.Helper()
+		rep, err := m.Acquire(ctx, model, "")
+		if err != nil {
+			t.Fatalf("acquire %s: %v", model, err)
+		}
+		if rep.Tier != want || rep.LoadTier != wantLoad || rep.Revision == "" {
+			t.Fatalf("acquire %s: tier %s (load %q), revision %q; want %s (load %q)", model, rep.Tier, rep.LoadTier, rep.Revision, want, wantLoad)
+		}
+		if err := runtime.NewEngineClient("unix://"+rep.Socket).Complete(ctx, model, []int32{1, 2, 3}); err != nil {
+			t.Fatalf("replica of %s does not serve: %v", model, err)
+		}
+		return rep
+	}
+	a := acquire("a", runtime.TierBucket, "t3") // warm blank runtime, bucket
+	if a.Breakdown.Fetch <= 0 || a.Breakdown.Start != 0 {
+		t.Fatalf("T3 breakdown %+v: want a fetch and no start", a.Breakdown)
+	}
+	if err := m.Release(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	a = acquire("a", runtime.TierWake, "") // its sleeping replica wakes
+	if err := m.Release(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The pool refilled the second slot; b has a's content, so the node
+	// cache holds its revision.
+	waitFor(t, "the warm pool refilled", func() bool { return states(m)[runtime.StateBlank] == 1 })
+	b := acquire("b", runtime.TierCache, "t2")
+	// Both slots taken: c evicts the idle sleeping replica of a.
+	c := acquire("c", runtime.TierCache, "t2")
+	if c.ID != a.ID {
+		t.Fatalf("c got runtime %s, want the evicted sleeping %s", c.ID, a.ID)
+	}
+	if _, err := m.Acquire(ctx, "a", ""); !errors.Is(err, runtime.ErrNoCapacity) {
+		t.Fatalf("acquire on a full node: %v, want ErrNoCapacity", err)
+	}
+
+	// SIGKILL b's runtime mid-serve: it is marked gone and its slot reused.
+	pids := engines(t, n.dir)
+	if len(pids) != 2 {
+		t.Fatalf("%d engine processes, want 2", len(pids))
+	}
+	var bPID int
+	for _, pid := range pids {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.Contains(string(cmdline), b.Socket) {
+			bPID = pid
+		}
+	}
+	syscall.Kill(bPID, syscall.SIGKILL)
+	waitFor(t, "the killed runtime marked gone", func() bool {
+		for {
+			select {
+			case e := <-n.events:
+				if e.Runtime == b.ID && e.State == runtime.StateGone {
+					return true
+				}
+			default:
+				return false
+			}
+		}
+	})
+	if err := m.Release(ctx, b.ID); err == nil {
+		t.Fatal("released a runtime that is gone")
+	}
+	b2 := acquire("b", runtime.TierStart, "t2") // its slot is free again
+	if b2.Breakdown.Start <= 0 {
+		t.Fatalf("T4 breakdown %+v: want a start time", b2.Breakdown)
+	}
+	if got := len(engines(t, n.dir)); got != 2 {
+		t.Fatalf("%d engine processes after the replacement, want 2", got)
+	}
+	if err := m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pids := engines(t, n.dir); len(pids) != 0 {
+		t.Fatalf("engines %v left after Close", pids)
+	}
+}
+
+func TestManagerReleaseToBlankAndReadopt(t *testing.T) {
+	n := newNode(t, "a")
+	ctx := context.Background()
+	m := n.manager(t, 2, 0, 0, true) // no sleep budget: release unloads
+	a, err := m.Acquire(ctx, "a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Tier != runtime.TierStart || a.LoadTier != "t3" {
+		t.Fatalf("first acquire from an empty pool: %s/%s, want t4/t3", a.Tier, a.LoadTier)
+	}
+	if err := m.Release(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if s := states(m); s[runtime.StateBlank] != 1 || len(m.Runtimes()) != 1 {
+		t.Fatalf("after release with no sleep budget: %v, want one blank runtime", s)
+	}
+	a, err = m.Acquire(ctx, "a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Tier != runtime.TierCache {
+		t.Fatalf("second acquire: %s, want t2 from the node cache", a.Tier)
+	}
+	// A new manager re-adopts the ready runtime, model and all; a stale
+	// record of a dead runtime is cleaned away.
+	if err := m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(n.dir, "rt-9-9.json")
+	os.WriteFile(stale, []byte(`{"id":"rt-9-9","pid":999999,"socket":"`+filepath.Join(n.dir, "rt-9-9.sock")+`"}`), 0o600)
+	m2 := n.manager(t, 2, 0, 0, false)
+	rs := m2.Runtimes()
+	if len(rs) != 1 || rs[0].ID != a.ID || rs[0].State != runtime.StateReady || rs[0].Model != "a" || rs[0].Revision != a.Revision {
+		t.Fatalf("re-adopted %+v, want %s ready with a@%s", rs, a.ID, a.Revision)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("the stale record is still there (%v)", err)
+	}
+	if err := m2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pids := engines(t, n.dir); len(pids) != 0 {
+		t.Fatalf("engines %v left after Close", pids)
+	}
+}
+
+func TestManagerStartFailures(t *testing.T) {
+	n := newNode(t)
+	ctx := context.Background()
+	// An engine that exits at once (a bad flag) never becomes blank.
+	m, err := runtime.New(ctx, runtime.Options{Backend: n.backend, Dir: n.dir, Slots: []runtime.Class{runtime.Spot}, Source: n.source,
+		EngineArgs: []string{"--no-such-flag"}, StartTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(ctx)
+	if _, err := m.Acquire(ctx, "a", ""); err == nil || !strings.Contains(err.Error(), "did not start") {
+		t.Fatalf("acquire with a runtime that cannot start: %v", err)
+	}
+	waitFor(t, "the slot freed", func() bool { return len(m.Runtimes()) == 0 })
+	if pids := engines(t, n.dir); len(pids) != 0 {
+		t.Fatalf("engines %v left behind", pids)
+	}
+	if _, err := runtime.New(ctx, runtime.Options{Backend: n.backend, Dir: n.dir, Slots: []runtime.Class{runtime.Spot}, Warm: 2}); err == nil {
+		t.Fatal("a warm pool larger than the node was accepted")
+	}
+}
