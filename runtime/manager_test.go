@@ -2,8 +2,11 @@ package runtime_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -194,6 +197,15 @@ func TestManagerTiersAndFaults(t *testing.T) {
 	c := acquire("c", runtime.TierCache, "t2")
 	if c.ID != a.ID {
 		t.Fatalf("c got runtime %s, want the evicted sleeping %s", c.ID, a.ID)
+	}
+	rec := httptest.NewRecorder()
+	m.RuntimesHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/admin/runtimes", nil))
+	var listed struct {
+		Data []runtime.Info `json:"data"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &listed); err != nil || len(listed.Data) != 2 || listed.Data[0].Model != "c" || listed.Data[1].Model != "b" ||
+		listed.Data[0].State != runtime.StateReady || !listed.Data[1].InUse {
+		t.Fatalf("GET /admin/runtimes: %s (%v)", rec.Body, err)
 	}
 	if _, err := m.Acquire(ctx, "a", ""); !errors.Is(err, runtime.ErrNoCapacity) {
 		t.Fatalf("acquire on a full node: %v, want ErrNoCapacity", err)
