@@ -225,6 +225,14 @@ func newImage(layer v1.Layer, s imageSpec, info binaryInfo, tag string, created 
 	cf = cf.DeepCopy()
 	cf.Created = at
 	cf.OS, cf.Architecture, cf.Variant = info.os, info.arch, info.variant
+	cf.Config = imageConfig(s, tag, created, info.revision)
+	return mutate.ConfigFile(img, cf)
+}
+
+// imageConfig is the runtime configuration of image s: what to run, as
+// whom, where, and its labels. revision is the source revision, "" if
+// unknown.
+func imageConfig(s imageSpec, tag string, created time.Time, revision string) v1.Config {
 	labels := map[string]string{
 		"org.opencontainers.image.title":       s.title,
 		"org.opencontainers.image.description": s.description,
@@ -233,10 +241,10 @@ func newImage(layer v1.Layer, s imageSpec, info binaryInfo, tag string, created 
 		"org.opencontainers.image.version":     tag,
 		"org.opencontainers.image.created":     created.Format(time.RFC3339),
 	}
-	if info.revision != "" {
-		labels["org.opencontainers.image.revision"] = info.revision
+	if revision != "" {
+		labels["org.opencontainers.image.revision"] = revision
 	}
-	cf.Config = v1.Config{
+	return v1.Config{
 		Entrypoint: []string{BinaryPath},
 		Cmd:        s.cmd,
 		Env: []string{
@@ -248,5 +256,4 @@ func newImage(layer v1.Layer, s imageSpec, info binaryInfo, tag string, created 
 		Labels:     labels,
 		StopSignal: "SIGTERM",
 	}
-	return mutate.ConfigFile(img, cf)
 }

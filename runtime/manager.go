@@ -421,8 +421,16 @@ func (m *Manager) evictSleeper(r *runtimeState) {
 		m.markGone(r, fmt.Sprintf("unload failed: %v", err))
 		return
 	}
+	m.becameBlank(r)
+}
+
+// becameBlank records that a starting or evicted runtime serves its blank
+// state, waking whoever waits for it.
+func (m *Manager) becameBlank(r *runtimeState) {
 	m.setState(r, StateBlank, "", "")
+	m.mu.Lock()
 	close(r.warm)
+	m.mu.Unlock()
 }
 
 // unclaim gives back a runtime whose acquisition failed: back to blank if
@@ -512,8 +520,7 @@ func (m *Manager) awaitBlank(r *runtimeState) {
 		st, err := r.client.State(ctx)
 		cancel()
 		if err == nil && st.State == server.StateBlank {
-			m.setState(r, StateBlank, "", "")
-			close(r.warm)
+			m.becameBlank(r)
 			return
 		}
 	}

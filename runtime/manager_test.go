@@ -52,11 +52,26 @@ type node struct {
 	dir, source string
 	backend     runtime.Backend
 	events      chan runtime.Event
+	// engines lists the runtimes' host pids still running.
+	engines func(t *testing.T) []int
+}
+
+// backends are the runtime backends the tests run on; containerd is added
+// on Linux.
+var backends = map[string]func(t *testing.T, n *node, bin string){
+	"process": func(t *testing.T, n *node, bin string) {
+		be, err := process.New(process.Options{Binary: bin, Dir: n.dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.backend = be
+		n.engines = func(t *testing.T) []int { return engines(t, n.dir) }
+	},
 }
 
 // newNode pushes a tiny synthetic model under each name into a file://
-// bucket and prepares a process backend.
-func newNode(t *testing.T, models ...string) *node {
+// bucket and prepares a backend of the kind named.
+func newNode(t *testing.T, kind string, models ...string) *node {
 	t.Helper()
 	bin, err := stokeBinary()
 	if err != nil {
@@ -83,11 +98,25 @@ func newNode(t *testing.T, models ...string) *node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	be, err := process.New(process.Options{Binary: bin, Dir: dir})
+	n := &node{dir: dir, source: "file://" + root, events: make(chan runtime.Event, 1000)}
+	backends[kind](t, n, bin)
+	return n
+}
+
+// pidOf is the host pid of an acquired replica's engine.
+func pidOf(t *testing.T, n *node, id string) int {
+	t.Helper()
+	procs, err := n.backend.Recover(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &node{dir: dir, source: "file://" + root, backend: be, events: make(chan runtime.Event, 1000)}
+	for _, p := range procs {
+		if p.ID() == id {
+			return p.(interface{ PID() int }).PID()
+		}
+	}
+	t.Fatalf("no runtime %s", id)
+	return 0
 }
 
 func (n *node) manager(t *testing.T, slots, warm int, sleepBudget int64, keep bool) *runtime.Manager {
@@ -158,7 +187,13 @@ func engines(t *testing.T, dir string) []int {
 }
 
 func TestManagerTiersAndFaults(t *testing.T) {
-	n := newNode(t, "a", "b", "c")
+	for kind := range backends {
+		t.Run(kind, func(t *testing.T) { testTiersAndFaults(t, kind) })
+	}
+}
+
+func testTiersAndFaults(t *testing.T, kind string) {
+	n := newNode(t, kind, "a", "b", "c")
 	ctx := context.Background()
 	m := n.manager(t, 2, 1, 1<<30, false)
 	defer m.Close(ctx)
@@ -212,18 +247,10 @@ func TestManagerTiersAndFaults(t *testing.T) {
 	}
 
 	// SIGKILL b's runtime mid-serve: it is marked gone and its slot reused.
-	pids := engines(t, n.dir)
-	if len(pids) != 2 {
-		t.Fatalf("%d engine processes, want 2", len(pids))
+	if pids := n.engines(t); len(pids) != 2 {
+		t.Fatalf("%d engines running, want 2", len(pids))
 	}
-	var bPID int
-	for _, pid := range pids {
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if strings.Contains(string(cmdline), b.Socket) {
-			bPID = pid
-		}
-	}
-	syscall.Kill(bPID, syscall.SIGKILL)
+	syscall.Kill(pidOf(t, n, b.ID), syscall.SIGKILL)
 	waitFor(t, "the killed runtime marked gone", func() bool {
 		for {
 			select {
@@ -243,27 +270,41 @@ func TestManagerTiersAndFaults(t *testing.T) {
 	if b2.Breakdown.Start <= 0 {
 		t.Fatalf("T4 breakdown %+v: want a start time", b2.Breakdown)
 	}
-	if got := len(engines(t, n.dir)); got != 2 {
-		t.Fatalf("%d engine processes after the replacement, want 2", got)
+	if got := len(n.engines(t)); got != 2 {
+		t.Fatalf("%d engines after the replacement, want 2", got)
 	}
 	if err := m.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if pids := engines(t, n.dir); len(pids) != 0 {
+	if pids := n.engines(t); len(pids) != 0 {
 		t.Fatalf("engines %v left after Close", pids)
 	}
 }
 
 func TestManagerReleaseToBlankAndReadopt(t *testing.T) {
-	n := newNode(t, "a")
+	for kind := range backends {
+		t.Run(kind, func(t *testing.T) { testReleaseToBlankAndReadopt(t, kind) })
+	}
+}
+
+func testReleaseToBlankAndReadopt(t *testing.T, kind string) {
+	n := newNode(t, kind, "a")
 	ctx := context.Background()
 	m := n.manager(t, 2, 0, 0, true) // no sleep budget: release unloads
+	// A model the bucket does not hold: the load fails, the runtime goes
+	// back to blank and keeps its slot.
+	if _, err := m.Acquire(ctx, "missing", ""); err == nil || !strings.Contains(err.Error(), "not a pushed revision") {
+		t.Fatalf("acquire of a missing model: %v", err)
+	}
+	if rs := m.Runtimes(); len(rs) != 1 || rs[0].State != runtime.StateBlank || rs[0].InUse {
+		t.Fatalf("after a failed load: %+v, want one idle blank runtime", rs)
+	}
 	a, err := m.Acquire(ctx, "a", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Tier != runtime.TierStart || a.LoadTier != "t3" {
-		t.Fatalf("first acquire from an empty pool: %s/%s, want t4/t3", a.Tier, a.LoadTier)
+	if a.Tier != runtime.TierBucket || a.LoadTier != "t3" {
+		t.Fatalf("acquire after the failed one: %s/%s, want t3 into the blank runtime", a.Tier, a.LoadTier)
 	}
 	if err := m.Release(ctx, a.ID); err != nil {
 		t.Fatal(err)
@@ -284,7 +325,9 @@ func TestManagerReleaseToBlankAndReadopt(t *testing.T) {
 		t.Fatal(err)
 	}
 	stale := filepath.Join(n.dir, "rt-9-9.json")
-	os.WriteFile(stale, []byte(`{"id":"rt-9-9","pid":999999,"socket":"`+filepath.Join(n.dir, "rt-9-9.sock")+`"}`), 0o600)
+	if kind == "process" {
+		os.WriteFile(stale, []byte(`{"id":"rt-9-9","pid":999999,"socket":"`+filepath.Join(n.dir, "rt-9-9.sock")+`"}`), 0o600)
+	}
 	m2 := n.manager(t, 2, 0, 0, false)
 	rs := m2.Runtimes()
 	if len(rs) != 1 || rs[0].ID != a.ID || rs[0].State != runtime.StateReady || rs[0].Model != "a" || rs[0].Revision != a.Revision {
@@ -296,13 +339,13 @@ func TestManagerReleaseToBlankAndReadopt(t *testing.T) {
 	if err := m2.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if pids := engines(t, n.dir); len(pids) != 0 {
+	if pids := n.engines(t); len(pids) != 0 {
 		t.Fatalf("engines %v left after Close", pids)
 	}
 }
 
 func TestManagerStartFailures(t *testing.T) {
-	n := newNode(t)
+	n := newNode(t, "process")
 	ctx := context.Background()
 	// An engine that exits at once (a bad flag) never becomes blank.
 	m, err := runtime.New(ctx, runtime.Options{Backend: n.backend, Dir: n.dir, Slots: []runtime.Class{runtime.Spot}, Source: n.source,
@@ -315,7 +358,7 @@ func TestManagerStartFailures(t *testing.T) {
 		t.Fatalf("acquire with a runtime that cannot start: %v", err)
 	}
 	waitFor(t, "the slot freed", func() bool { return len(m.Runtimes()) == 0 })
-	if pids := engines(t, n.dir); len(pids) != 0 {
+	if pids := n.engines(t); len(pids) != 0 {
 		t.Fatalf("engines %v left behind", pids)
 	}
 	if _, err := runtime.New(ctx, runtime.Options{Backend: n.backend, Dir: n.dir, Slots: []runtime.Class{runtime.Spot}, Warm: 2}); err == nil {

@@ -40,6 +40,15 @@ var disabledPlugins = []string{
 	"io.containerd.snapshotter.v1.zfs",
 }
 
+// runtimePlugins are the disabled plugins that running containers needs.
+var runtimePlugins = map[string]bool{
+	"io.containerd.monitor.v1.cgroups":       true,
+	"io.containerd.runtime.v1.linux":         true,
+	"io.containerd.runtime.v2.task":          true,
+	"io.containerd.service.v1.tasks-service": true,
+	"io.containerd.grpc.v1.tasks":            true,
+}
+
 // Start starts a private containerd whose root, state and configuration
 // live under t.TempDir(), listening on its own socket, waits until it
 // answers and stops it when the test ends. It returns the socket's path.
@@ -52,6 +61,25 @@ var disabledPlugins = []string{
 // STOKE_REQUIRE_CONTAINERD=1 makes those failures.
 func Start(t testing.TB) string {
 	t.Helper()
+	return start(t, false)
+}
+
+// StartWithRuntime is Start with containerd's runc runtime and tasks
+// service enabled, for tests that run containers. The test must delete
+// its containers before it ends (register that cleanup after this call);
+// it is skipped as Start is, and also when runc is not installed.
+func StartWithRuntime(t testing.TB) string {
+	t.Helper()
+	for _, bin := range []string{"runc", "containerd-shim-runc-v2"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			skip(t, "%s is not installed (run scripts/install-containerd.sh, which `make deps` runs): %v", bin, err)
+		}
+	}
+	return start(t, true)
+}
+
+func start(t testing.TB, withRuntime bool) string {
+	t.Helper()
 	bin, err := exec.LookPath("containerd")
 	if err != nil {
 		skip(t, "containerd is not installed (run scripts/install-containerd.sh, which `make deps` runs): %v", err)
@@ -59,7 +87,7 @@ func Start(t testing.TB) string {
 	if uid := os.Geteuid(); uid != 0 {
 		skip(t, "the containerd node cache needs root to run containerd and mount snapshots; running as uid %d", uid)
 	}
-	d, err := startDaemon(bin, t.TempDir())
+	d, err := startDaemon(bin, t.TempDir(), withRuntime)
 	if err != nil {
 		skip(t, "start containerd: %v", err)
 	}
@@ -89,7 +117,7 @@ type daemon struct {
 	out      *syncbuf.Buffer
 }
 
-func startDaemon(bin, dir string) (*daemon, error) {
+func startDaemon(bin, dir string, withRuntime bool) (*daemon, error) {
 	d := &daemon{dir: dir, socket: filepath.Join(dir, "containerd.sock"), exited: make(chan error, 1), out: &syncbuf.Buffer{}}
 	if len(d.socket) > maxSocketPath {
 		short, err := os.MkdirTemp("", "ctrd")
@@ -104,7 +132,7 @@ func startDaemon(bin, dir string) (*daemon, error) {
 		}
 	}
 	config := filepath.Join(dir, "config.toml")
-	if err := writeConfig(config, dir, d.socket); err != nil {
+	if err := writeConfig(config, dir, d.socket, withRuntime); err != nil {
 		d.removeShortDir()
 		return nil, err
 	}
@@ -130,15 +158,18 @@ func startDaemon(bin, dir string) (*daemon, error) {
 
 // writeConfig writes a version 2 configuration that keeps every path of the
 // daemon under dir.
-func writeConfig(path, dir, socket string) error {
+func writeConfig(path, dir, socket string, withRuntime bool) error {
 	for _, p := range []string{dir, socket} {
 		if strings.ContainsAny(p, "\"\\\n") {
 			return fmt.Errorf("path %q cannot go into a TOML string unescaped", p)
 		}
 	}
-	quoted := make([]string, len(disabledPlugins))
-	for i, p := range disabledPlugins {
-		quoted[i] = `"` + p + `"`
+	var quoted []string
+	for _, p := range disabledPlugins {
+		if withRuntime && runtimePlugins[p] {
+			continue
+		}
+		quoted = append(quoted, `"`+p+`"`)
 	}
 	config := fmt.Sprintf(`version = 2
 root = "%[1]s/root"

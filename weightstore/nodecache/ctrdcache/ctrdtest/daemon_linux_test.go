@@ -77,7 +77,7 @@ func TestDaemon(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := tc.dir(t)
-			d, err := startDaemon(bin, dir)
+			d, err := startDaemon(bin, dir, false)
 			if err != nil {
 				t.Fatal(err)
 			}

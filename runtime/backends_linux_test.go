@@ -1,0 +1,68 @@
+//go:build linux
+
+package runtime_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	containerd "github.com/containerd/containerd"
+	"github.com/containerd/containerd/namespaces"
+
+	"github.com/stokehq/stoke/images"
+	"github.com/stokehq/stoke/runtime/container"
+	"github.com/stokehq/stoke/weightstore/nodecache/ctrdcache/ctrdtest"
+)
+
+func init() {
+	backends["containerd"] = func(t *testing.T, n *node, bin string) {
+		socket := ctrdtest.StartWithRuntime(t)
+		ctx := context.Background()
+		res, err := images.Build(ctx, images.Options{Binary: bin, Out: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		imported, err := images.ImportArchive(ctx, res.Archives[images.EngineImage], images.ImportOptions{Socket: socket, Namespace: "stoke"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		be, err := container.New(ctx, container.Options{Socket: socket, Image: imported[0].Name, Snapshotter: imported[0].Snapshotter, Dir: n.dir,
+			Binds: []string{filepath.Join(n.dir, "cache"), n.source[len("file://"):]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		client, err := containerd.New(socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Registered after the daemon's: runs before it stops.
+		t.Cleanup(func() {
+			cctx := namespaces.WithNamespace(ctx, "stoke")
+			if cs, err := client.Containers(cctx); err != nil || len(cs) != 0 {
+				t.Errorf("%d containers left at the end (%v)", len(cs), err)
+			}
+			client.Close()
+			be.Close()
+		})
+		n.backend = be
+		n.engines = func(t *testing.T) []int {
+			cctx := namespaces.WithNamespace(ctx, "stoke")
+			cs, err := client.Containers(cctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pids []int
+			for _, c := range cs {
+				task, err := c.Task(cctx, nil)
+				if err != nil {
+					continue // being removed
+				}
+				if st, err := task.Status(cctx); err == nil && st.Status == containerd.Running {
+					pids = append(pids, int(task.Pid()))
+				}
+			}
+			return pids
+		}
+	}
+}
