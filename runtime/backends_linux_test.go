@@ -4,7 +4,9 @@ package runtime_test
 
 import (
 	"context"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	containerd "github.com/containerd/containerd"
@@ -16,7 +18,7 @@ import (
 )
 
 func init() {
-	backends["containerd"] = func(t *testing.T, n *node, bin string) {
+	backends["containerd"] = func(t testing.TB, n *node, bin string) {
 		socket := ctrdtest.StartWithRuntime(t)
 		ctx := context.Background()
 		res, err := images.Build(ctx, images.Options{Binary: bin, Out: t.TempDir()})
@@ -27,8 +29,12 @@ func init() {
 		if err != nil {
 			t.Fatal(err)
 		}
+		binds := []string{filepath.Join(n.dir, "cache")}
+		if root, ok := strings.CutPrefix(n.source, "file://"); ok {
+			binds = append(binds, root)
+		}
 		be, err := container.New(ctx, container.Options{Socket: socket, Image: imported[0].Name, Snapshotter: imported[0].Snapshotter, Dir: n.dir,
-			Binds: []string{filepath.Join(n.dir, "cache"), n.source[len("file://"):]}})
+			Binds: binds, Env: os.Environ()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,7 +52,7 @@ func init() {
 			be.Close()
 		})
 		n.backend = be
-		n.engines = func(t *testing.T) []int {
+		n.engines = func(t testing.TB) []int {
 			cctx := namespaces.WithNamespace(ctx, "stoke")
 			cs, err := client.Containers(cctx)
 			if err != nil {

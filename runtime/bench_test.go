@@ -7,16 +7,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dustin/go-humanize"
+
 	"github.com/stokehq/stoke/internal/dtype"
 	"github.com/stokehq/stoke/runtime"
-	"github.com/stokehq/stoke/runtime/process"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/push"
 	"github.com/stokehq/stoke/weightstore/synth"
 )
 
 // BenchmarkTiers measures an acquisition in each cold-start tier on the
-// process backend and logs its time breakdown. The model is
+// backend $STOKE_BENCH_BACKEND (process, the default, or containerd) and
+// logs its time breakdown. The model is
 // $STOKE_BENCH_MODEL in the bucket $STOKE_BENCH_SOURCE (S3 settings from
 // AWS_*), or else a synthetic $STOKE_BENCH_PRESET (default small, FP8)
 // pushed to a file:// bucket. $STOKE_BENCH_ARENA sizes the runtimes' weight
@@ -48,27 +50,38 @@ func BenchmarkTiers(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	arena := os.Getenv("STOKE_BENCH_ARENA")
-	if arena == "" {
-		arena = "2GiB"
+	arena := int64(2 << 30)
+	if s := os.Getenv("STOKE_BENCH_ARENA"); s != "" {
+		n, err := humanize.ParseBytes(s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		arena = int64(n)
 	}
 	dir, err := os.MkdirTemp("", "rtb-")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	be, err := process.New(process.Options{Binary: bin, Dir: dir})
-	if err != nil {
-		b.Fatal(err)
+	kind := os.Getenv("STOKE_BENCH_BACKEND")
+	if kind == "" {
+		kind = "process"
 	}
+	setup, ok := backends[kind]
+	if !ok {
+		b.Fatalf("STOKE_BENCH_BACKEND=%s: no such backend", kind)
+	}
+	n := &node{dir: dir, source: source}
+	setup(b, n, bin)
+	be := n.backend
 	totals := map[runtime.Tier]time.Duration{}
 	for i := range b.N {
 		cache := filepath.Join(dir, "cache", string(rune('a'+i%26)))
 		os.RemoveAll(cache)
 		newManager := func(warm int, sleepBudget int64) *runtime.Manager {
 			m, err := runtime.New(ctx, runtime.Options{Backend: be, Dir: dir, Slots: []runtime.Class{runtime.OnDemand}, Warm: warm,
-				SleepBudget: sleepBudget, Source: source, StartTimeout: time.Minute,
-				EngineArgs: []string{"--kv-cache-memory", "256MiB", "--cache-dir", cache, "--weight-arena", arena, "--path-style"}})
+				SleepBudget: sleepBudget, Source: source, StartTimeout: time.Minute, WeightArena: arena,
+				EngineArgs: []string{"--kv-cache-memory", "256MiB", "--cache-dir", cache, "--path-style"}})
 			if err != nil {
 				b.Fatal(err)
 			}

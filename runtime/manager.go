@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -77,8 +78,12 @@ type Options struct {
 	SleepBudget int64
 	// Source is the bucket (s3://… or file://…) models load from.
 	Source string
-	// EngineArgs are passed to every runtime's engine (its KV cache,
-	// weight arena, node cache, threads).
+	// WeightArena is the weight memory of a slot: every runtime pre-faults
+	// an arena of this size when it starts, so a warm runtime's loads pay
+	// no page faults (0: none).
+	WeightArena int64
+	// EngineArgs are passed to every runtime's engine (its KV cache, node
+	// cache, threads).
 	EngineArgs []string
 	// MemoryBytes and CPUs limit each runtime where the backend can.
 	MemoryBytes int64
@@ -493,7 +498,11 @@ func (m *Manager) Release(ctx context.Context, id string) error {
 func (m *Manager) startLocked(slot int) (*runtimeState, error) {
 	m.seq++
 	id := fmt.Sprintf("rt-%d-%d", slot, m.seq)
-	spec := Spec{ID: id, Socket: filepath.Join(m.opts.Dir, id+".sock"), EngineArgs: m.opts.EngineArgs, MemoryBytes: m.opts.MemoryBytes, CPUs: m.opts.CPUs}
+	args := m.opts.EngineArgs
+	if m.opts.WeightArena > 0 {
+		args = append(slices.Clip(args), "--weight-arena", strconv.FormatInt(m.opts.WeightArena, 10))
+	}
+	spec := Spec{ID: id, Socket: filepath.Join(m.opts.Dir, id+".sock"), EngineArgs: args, MemoryBytes: m.opts.MemoryBytes, CPUs: m.opts.CPUs}
 	p, err := m.opts.Backend.Start(context.Background(), spec)
 	if err != nil {
 		return nil, fmt.Errorf("start a runtime in slot %d: %w", slot, err)

@@ -53,19 +53,19 @@ type node struct {
 	backend     runtime.Backend
 	events      chan runtime.Event
 	// engines lists the runtimes' host pids still running.
-	engines func(t *testing.T) []int
+	engines func(t testing.TB) []int
 }
 
 // backends are the runtime backends the tests run on; containerd is added
 // on Linux.
-var backends = map[string]func(t *testing.T, n *node, bin string){
-	"process": func(t *testing.T, n *node, bin string) {
+var backends = map[string]func(t testing.TB, n *node, bin string){
+	"process": func(t testing.TB, n *node, bin string) {
 		be, err := process.New(process.Options{Binary: bin, Dir: n.dir})
 		if err != nil {
 			t.Fatal(err)
 		}
 		n.backend = be
-		n.engines = func(t *testing.T) []int { return engines(t, n.dir) }
+		n.engines = func(t testing.TB) []int { return engines(t, n.dir) }
 	},
 }
 
@@ -127,7 +127,7 @@ func (n *node) manager(t *testing.T, slots, warm int, sleepBudget int64, keep bo
 	}
 	m, err := runtime.New(context.Background(), runtime.Options{
 		Backend: n.backend, Dir: n.dir, Slots: classes, Warm: warm, SleepBudget: sleepBudget, Source: n.source,
-		EngineArgs:     []string{"--kv-cache-memory", "8MiB", "--threads", "1", "--cache-dir", filepath.Join(n.dir, "cache"), "--weight-arena", "4MiB"},
+		EngineArgs:     []string{"--kv-cache-memory", "8MiB", "--threads", "1", "--cache-dir", filepath.Join(n.dir, "cache")}, WeightArena: 4 << 20,
 		HealthInterval: 200 * time.Millisecond, StopGrace: 5 * time.Second, KeepOnClose: keep,
 		OnEvent: func(e runtime.Event) {
 			select {
@@ -164,7 +164,7 @@ func states(m *runtime.Manager) map[runtime.State]int {
 
 // engines lists the stoke engine processes listening under dir, and fails
 // on zombies among them.
-func engines(t *testing.T, dir string) []int {
+func engines(t testing.TB, dir string) []int {
 	t.Helper()
 	ents, _ := os.ReadDir("/proc")
 	var pids []int
@@ -358,6 +358,20 @@ func TestManagerStartFailures(t *testing.T) {
 		t.Fatalf("acquire with a runtime that cannot start: %v", err)
 	}
 	waitFor(t, "the slot freed", func() bool { return len(m.Runtimes()) == 0 })
+	if pids := n.engines(t); len(pids) != 0 {
+		t.Fatalf("engines %v left behind", pids)
+	}
+	// A runtime that does not serve within its start deadline is stopped.
+	m2, err := runtime.New(ctx, runtime.Options{Backend: n.backend, Dir: n.dir, Slots: []runtime.Class{runtime.Spot}, Source: n.source,
+		StartTimeout: time.Millisecond, StopGrace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close(ctx)
+	if _, err := m2.Acquire(ctx, "a", ""); err == nil || !strings.Contains(err.Error(), "did not start") {
+		t.Fatalf("acquire with a runtime past its start deadline: %v", err)
+	}
+	waitFor(t, "the slot freed", func() bool { return len(m2.Runtimes()) == 0 })
 	if pids := n.engines(t); len(pids) != 0 {
 		t.Fatalf("engines %v left behind", pids)
 	}
