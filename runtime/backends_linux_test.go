@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/stokehq/stoke/images"
 	"github.com/stokehq/stoke/runtime/container"
+	"github.com/stokehq/stoke/weightstore/nodecache/ctrdcache"
 	"github.com/stokehq/stoke/weightstore/nodecache/ctrdcache/ctrdtest"
 )
 
@@ -33,8 +35,9 @@ func init() {
 		if root, ok := strings.CutPrefix(n.source, "file://"); ok {
 			binds = append(binds, root)
 		}
+		views := filepath.Join(n.dir, "views")
 		be, err := container.New(ctx, container.Options{Socket: socket, Image: imported[0].Name, Snapshotter: imported[0].Snapshotter, Dir: n.dir,
-			Binds: binds, Env: os.Environ()})
+			Binds: binds, Env: os.Environ(), Views: views})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,6 +54,19 @@ func init() {
 			client.Close()
 			be.Close()
 		})
+		cache, err := ctrdcache.New(ctx, ctrdcache.Options{Socket: socket, MountDir: views})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cache.Close() })
+		n.cache = cache
+		n.mounts = func() []string {
+			ms, err := ctrdtest.MountsUnder(views)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return slices.DeleteFunc(ms, func(m string) bool { return m == views })
+		}
 		n.backend = be
 		n.engines = func(t testing.TB) []int {
 			cctx := namespaces.WithNamespace(ctx, "stoke")

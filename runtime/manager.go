@@ -20,6 +20,9 @@ import (
 	"time"
 
 	"github.com/stokehq/stoke/engine/server"
+	"github.com/stokehq/stoke/weightstore/bucket"
+	"github.com/stokehq/stoke/weightstore/loader"
+	"github.com/stokehq/stoke/weightstore/nodecache"
 )
 
 // State is a runtime's lifecycle state.
@@ -78,6 +81,13 @@ type Options struct {
 	SleepBudget int64
 	// Source is the bucket (s3://… or file://…) models load from.
 	Source string
+	// Cache, when set, is the node cache the manager keeps for its
+	// runtimes (the runtimes themselves then run without one): a pinned
+	// revision it holds loads straight from its read-only view (T2), and
+	// after a load from the bucket (T3) the manager fills it from Bucket,
+	// the opened Source.
+	Cache  nodecache.Cache
+	Bucket bucket.Bucket
 	// WeightArena is the weight memory of a slot: every runtime pre-faults
 	// an arena of this size when it starts, so a warm runtime's loads pay
 	// no page faults (0: none).
@@ -194,7 +204,8 @@ type runtimeState struct {
 	started  time.Time
 	lastUsed time.Time
 	fails    int
-	warm     chan struct{} // closed once a starting runtime is blank or gone
+	warm     chan struct{}      // closed once a starting runtime is blank or gone
+	view     nodecache.Revision // the cache view its weights are read from, if any
 }
 
 // Manager runs the runtimes of one node.
@@ -324,17 +335,34 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 	default:
 		m.setState(r, StateLoading, model, "")
 		t := time.Now()
-		st, err := r.client.Load(ctx, server.LoadRequest{Source: m.opts.Source, Model: model, Revision: revision})
+		req := server.LoadRequest{Source: m.opts.Source, Model: model, Revision: revision}
+		view := m.openView(ctx, revision)
+		if view != nil {
+			req = server.LoadRequest{Path: view.Dir(), ServedModelName: model}
+		}
+		st, err := r.client.Load(ctx, req)
 		if err != nil {
+			if view != nil {
+				view.Close()
+			}
 			return fail(err)
 		}
 		total := time.Since(t)
-		if st.Load != nil {
+		switch {
+		case view != nil:
+			rep.LoadTier, rep.Revision = string(TierCache), revision
+			m.mu.Lock()
+			r.view, r.revision, r.weights = view, revision, view.Manifest().TotalBytes
+			m.mu.Unlock()
+		case st.Load != nil:
 			rep.LoadTier, rep.Revision = st.Load.Tier, st.Load.Revision
 			rep.Breakdown.Fetch = time.Duration(st.Load.ElapsedSeconds * float64(time.Second))
 			m.mu.Lock()
 			r.revision, r.weights = st.Load.Revision, st.Load.TotalBytes
 			m.mu.Unlock()
+			if m.opts.Cache != nil && st.Load.Tier == string(TierBucket) {
+				go m.prefetch(model, st.Load.Revision)
+			}
 		}
 		rep.Breakdown.Load = max(0, total-rep.Breakdown.Fetch)
 		if rep.Tier != TierStart && rep.LoadTier == string(TierCache) {
@@ -351,6 +379,48 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 	m.fillPool()
 	m.log.Info("acquired a replica", "runtime", r.id, "model", model, "revision", rep.Revision, "tier", rep.Tier, "load_tier", rep.LoadTier, "seconds", rep.Breakdown.Total.Seconds())
 	return rep, nil
+}
+
+// openView opens the node cache's view of a pinned revision, or returns nil
+// when there is no such cache or it lacks the revision.
+func (m *Manager) openView(ctx context.Context, revision string) nodecache.Revision {
+	if m.opts.Cache == nil || revision == "" {
+		return nil
+	}
+	v, err := m.opts.Cache.OpenRevision(ctx, revision)
+	if err != nil {
+		if !errors.Is(err, nodecache.ErrNotExist) {
+			m.log.Warn("node cache view failed; loading from the bucket", "revision", revision, "err", err)
+		}
+		return nil
+	}
+	return v
+}
+
+// prefetch fills the node cache with a revision a runtime loaded from the
+// bucket, so the next load of it on this node is T2.
+func (m *Manager) prefetch(model, revision string) {
+	if m.opts.Bucket == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	if _, err := loader.Prefetch(ctx, m.opts.Cache, loader.Request{Bucket: m.opts.Bucket, Model: model, Revision: revision}, loader.Options{}); err != nil {
+		m.log.Warn("node cache prefetch failed", "model", model, "revision", revision, "err", err)
+	}
+}
+
+// closeView releases the cache view a runtime's weights were read from.
+func (m *Manager) closeView(r *runtimeState) {
+	m.mu.Lock()
+	v := r.view
+	r.view = nil
+	m.mu.Unlock()
+	if v != nil {
+		if err := v.Close(); err != nil {
+			m.log.Warn("close node cache view", "runtime", r.id, "err", err)
+		}
+	}
 }
 
 // claimKind says which runtime an acquisition got.
@@ -426,6 +496,7 @@ func (m *Manager) evictSleeper(r *runtimeState) {
 		m.markGone(r, fmt.Sprintf("unload failed: %v", err))
 		return
 	}
+	m.closeView(r)
 	m.becameBlank(r)
 }
 
@@ -486,6 +557,7 @@ func (m *Manager) Release(ctx context.Context, id string) error {
 			m.retire(r, fmt.Sprintf("unload failed: %v", err))
 			return fmt.Errorf("release %s: %w", id, err)
 		}
+		m.closeView(r)
 		m.setState(r, StateBlank, "", "")
 	}
 	m.mu.Lock()
@@ -615,6 +687,7 @@ func (m *Manager) markGone(r *runtimeState, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), m.opts.StopGrace)
 	r.proc.Stop(ctx, 0) // removes what it left behind
 	cancel()
+	m.closeView(r)
 	if !closed {
 		m.fillPool()
 	}
@@ -683,6 +756,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		r.client.Close()
 		if !m.opts.KeepOnClose {
 			errs = append(errs, r.proc.Stop(ctx, m.opts.StopGrace))
+			m.closeView(r)
 		}
 	}
 	return errors.Join(errs...)

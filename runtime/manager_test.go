@@ -20,6 +20,8 @@ import (
 	"github.com/stokehq/stoke/runtime"
 	"github.com/stokehq/stoke/runtime/process"
 	"github.com/stokehq/stoke/weightstore/bucket"
+	"github.com/stokehq/stoke/weightstore/manifest"
+	"github.com/stokehq/stoke/weightstore/nodecache"
 	"github.com/stokehq/stoke/weightstore/push"
 	"github.com/stokehq/stoke/weightstore/synth"
 )
@@ -54,6 +56,10 @@ type node struct {
 	events      chan runtime.Event
 	// engines lists the runtimes' host pids still running.
 	engines func(t testing.TB) []int
+	// cache is a node cache of the backend's kind the manager can keep,
+	// and mounts lists the mounts its open views hold (nil: none).
+	cache  nodecache.Cache
+	mounts func() []string
 }
 
 // backends are the runtime backends the tests run on; containerd is added
@@ -66,6 +72,10 @@ var backends = map[string]func(t testing.TB, n *node, bin string){
 		}
 		n.backend = be
 		n.engines = func(t testing.TB) []int { return engines(t, n.dir) }
+		n.cache, err = nodecache.NewDir(filepath.Join(n.dir, "nodecache"), nodecache.DirOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
 	},
 }
 
@@ -127,7 +137,7 @@ func (n *node) manager(t *testing.T, slots, warm int, sleepBudget int64, keep bo
 	}
 	m, err := runtime.New(context.Background(), runtime.Options{
 		Backend: n.backend, Dir: n.dir, Slots: classes, Warm: warm, SleepBudget: sleepBudget, Source: n.source,
-		EngineArgs:     []string{"--kv-cache-memory", "8MiB", "--threads", "1", "--cache-dir", filepath.Join(n.dir, "cache")}, WeightArena: 4 << 20,
+		EngineArgs: []string{"--kv-cache-memory", "8MiB", "--threads", "1", "--cache-dir", filepath.Join(n.dir, "cache")}, WeightArena: 4 << 20,
 		HealthInterval: 200 * time.Millisecond, StopGrace: 5 * time.Second, KeepOnClose: keep,
 		OnEvent: func(e runtime.Event) {
 			select {
@@ -377,5 +387,74 @@ func TestManagerStartFailures(t *testing.T) {
 	}
 	if _, err := runtime.New(ctx, runtime.Options{Backend: n.backend, Dir: n.dir, Slots: []runtime.Class{runtime.Spot}, Warm: 2}); err == nil {
 		t.Fatal("a warm pool larger than the node was accepted")
+	}
+}
+
+// TestManagerLoadsFromCacheViews has the manager keep the node cache: a
+// load from the bucket fills it behind the runtime's back, and the next
+// load of the pinned revision reads the cache's read-only view directly.
+func TestManagerLoadsFromCacheViews(t *testing.T) {
+	for kind := range backends {
+		t.Run(kind, func(t *testing.T) {
+			n := newNode(t, kind, "a")
+			ctx := context.Background()
+			raw, err := os.ReadFile(filepath.Join(strings.TrimPrefix(n.source, "file://"), "a", manifest.FileName))
+			if err != nil {
+				t.Fatal(err)
+			}
+			man, err := manifest.Parse(raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := bucket.Open(ctx, n.source, bucket.S3Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := runtime.New(ctx, runtime.Options{Backend: n.backend, Dir: n.dir, Slots: []runtime.Class{runtime.OnDemand}, Source: n.source,
+				Cache: n.cache, Bucket: b, EngineArgs: []string{"--kv-cache-memory", "8MiB", "--threads", "1", "--no-cache"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close(ctx)
+			first, err := m.Acquire(ctx, "a", man.Revision)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first.LoadTier != "t3" {
+				t.Fatalf("first load: %s, want t3 from the bucket", first.LoadTier)
+			}
+			waitFor(t, "the manager's prefetch into the node cache", func() bool {
+				v, err := n.cache.OpenRevision(ctx, man.Revision)
+				if err != nil {
+					return false
+				}
+				v.Close()
+				return true
+			})
+			if err := m.Release(ctx, first.ID); err != nil { // no sleep budget: unloaded
+				t.Fatal(err)
+			}
+			rep, err := m.Acquire(ctx, "a", man.Revision)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Tier != runtime.TierCache || rep.LoadTier != "t2" || rep.Revision != man.Revision {
+				t.Fatalf("second load: %s/%s@%s, want t2 from the cache view", rep.Tier, rep.LoadTier, rep.Revision)
+			}
+			if err := runtime.NewEngineClient("unix://"+rep.Socket).Complete(ctx, "a", []int32{1, 2}); err != nil {
+				t.Fatalf("a replica loaded from a view does not serve: %v", err)
+			}
+			if n.mounts != nil && len(n.mounts()) == 0 {
+				t.Fatal("no view is mounted while the replica reads it")
+			}
+			if err := m.Release(ctx, rep.ID); err != nil {
+				t.Fatal(err)
+			}
+			if n.mounts != nil {
+				if left := n.mounts(); len(left) != 0 {
+					t.Fatalf("views still mounted after the unload: %v", left)
+				}
+			}
+		})
 	}
 }

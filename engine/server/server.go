@@ -57,6 +57,9 @@ type LoadRequest struct {
 	Model string `json:"model,omitempty"`
 	// Revision pins a revision digest; "" loads the current one.
 	Revision string `json:"revision,omitempty"`
+	// ServedModelName names the model in the API (default: the model's
+	// name, or the directory's).
+	ServedModelName string `json:"served_model_name,omitempty"`
 }
 
 // String names the request in logs and errors.

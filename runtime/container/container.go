@@ -27,6 +27,7 @@ import (
 	"github.com/containerd/containerd/plugin"
 	"github.com/containerd/containerd/runtime/v2/runc/options"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/stokehq/stoke/runtime"
 )
@@ -57,6 +58,12 @@ type Options struct {
 	// Binds are host paths mounted at the same path in every container,
 	// read-write (the node cache directory, a file:// bucket).
 	Binds []string
+	// Views is a host directory mounted at the same path in every
+	// container with mounts propagating in: the node cache mounts
+	// revisions' read-only snapshot views under it (ctrdcache's MountDir),
+	// and running containers see them appear. The backend makes it a
+	// shared mount point.
+	Views string
 	// Env is the containers' environment (AWS_* for s3:// sources).
 	Env []string
 	// RuncRoot keeps runc's state (default Dir/runc).
@@ -103,11 +110,39 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		client.Close()
 		return nil, fmt.Errorf("containerd backend: image %s: %w (build and import it with `stoke images build --import`)", opts.Image, err)
 	}
+	if opts.Views != "" {
+		if err := shareViews(opts.Views); err != nil {
+			client.Close()
+			return nil, fmt.Errorf("containerd backend: %w", err)
+		}
+	}
 	return b, nil
 }
 
-// Close disconnects from containerd; the containers keep running.
-func (b *Backend) Close() error { return b.client.Close() }
+// shareViews makes dir a mount point whose submounts propagate to the
+// containers that bind it.
+func shareViews(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		unix.Unmount(dir, unix.MNT_DETACH)
+		return fmt.Errorf("make %s shared: %w", dir, err)
+	}
+	return nil
+}
+
+// Close disconnects from containerd and unmounts the views directory; the
+// containers keep running.
+func (b *Backend) Close() error {
+	if b.opts.Views != "" {
+		unix.Unmount(b.opts.Views, unix.MNT_DETACH)
+	}
+	return b.client.Close()
+}
 
 // Name implements runtime.Backend.
 func (*Backend) Name() string { return "containerd" }
@@ -129,6 +164,9 @@ func (b *Backend) Start(ctx context.Context, spec runtime.Spec) (runtime.Process
 	os.Remove(spec.Socket)
 	args := append([]string{binaryPath, "engine", "--blank", "--listen", "unix://" + filepath.Join(socketDir, filepath.Base(spec.Socket))}, spec.EngineArgs...)
 	mounts := []specs.Mount{{Type: "bind", Source: b.opts.Dir, Destination: socketDir, Options: []string{"rbind", "rw"}}}
+	if b.opts.Views != "" {
+		mounts = append(mounts, specs.Mount{Type: "bind", Source: b.opts.Views, Destination: b.opts.Views, Options: []string{"rbind", "rslave"}})
+	}
 	for _, p := range b.opts.Binds {
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return nil, fmt.Errorf("start runtime %s: %w", spec.ID, err)

@@ -51,6 +51,9 @@ func Checkpoint(o Options) server.Loader {
 		if progress == nil {
 			progress = func(server.LoadProgress) {}
 		}
+		if req.ServedModelName != "" {
+			o.Engine.ServedName = req.ServedModelName
+		}
 		if req.Path != "" {
 			return o.fromDir(req.Path, progress)
 		}

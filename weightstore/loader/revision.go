@@ -11,7 +11,10 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/stokehq/stoke/engine/device"
+	"github.com/stokehq/stoke/internal/ctxio"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/manifest"
 	"github.com/stokehq/stoke/weightstore/nodecache"
@@ -395,4 +398,54 @@ func allocate(ctx context.Context, dev device.Device, m *manifest.Manifest) (*Re
 		files[i].Host = host
 	}
 	return res, files, nil
+}
+
+// Prefetch puts a revision into the node cache without loading it
+// anywhere: each file the cache lacks is read from the bucket once and
+// committed (the cache verifies it), then the revision. It is how a node
+// warms its cache for runtimes that cannot write it themselves.
+func Prefetch(ctx context.Context, cache nodecache.Cache, req Request, opts Options) (*manifest.Manifest, error) {
+	opts = opts.withDefaults()
+	m, err := readManifest(ctx, req.Bucket, req.Model)
+	if err != nil {
+		return nil, fmt.Errorf("prefetch %s: %w", req.Model, err)
+	}
+	if req.Revision != "" && m.Revision != req.Revision {
+		return nil, fmt.Errorf("prefetch %s@%s: the bucket now holds revision %s", req.Model, req.Revision, m.Revision)
+	}
+	if err := checkObjects(ctx, req.Bucket, req.Model, m); err != nil {
+		return nil, fmt.Errorf("prefetch %s: %w", req.Model, err)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opts.Parallel)
+	for _, f := range m.Files {
+		blob, w, err := cacheEntry(ctx, cache, f)
+		if err != nil {
+			g.Wait()
+			return nil, fmt.Errorf("prefetch %s: %w", req.Model, err)
+		}
+		if blob != nil {
+			blob.Close()
+			continue
+		}
+		g.Go(func() error {
+			defer w.Close()
+			rc, err := req.Bucket.ReadRange(gctx, req.Model+"/"+f.Name, 0, -1)
+			if err != nil {
+				return err
+			}
+			defer rc.Close()
+			if _, err := io.Copy(w, ctxio.Reader(gctx, rc)); err != nil {
+				return fmt.Errorf("fetch %s: %w", f.Name, err)
+			}
+			return w.Commit(gctx)
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, fmt.Errorf("prefetch %s: %w", req.Model, err)
+	}
+	if err := cache.CommitRevision(ctx, m); err != nil {
+		return nil, fmt.Errorf("prefetch %s: %w", req.Model, err)
+	}
+	return m, nil
 }

@@ -313,3 +313,36 @@ func TestLoadRevisionFaults(t *testing.T) {
 		checkSame(t, res, src)
 	})
 }
+
+func TestPrefetchFillsTheCache(t *testing.T) {
+	src := writeCheckpoint(t, 5)
+	open := openFile(t)
+	root := open("file://" + t.TempDir())
+	m := pushTo(t, root, open, "tiny", src)
+	cache, err := nodecache.NewDir(t.TempDir(), nodecache.DirOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for range 2 { // the second finds everything cached
+		got, err := Prefetch(ctx, cache, Request{Bucket: root, Model: "tiny"}, Options{Parallel: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Revision != m.Revision {
+			t.Fatalf("prefetched %s, want %s", got.Revision, m.Revision)
+		}
+	}
+	res, err := LoadRevision(ctx, device.NewCPU(), cache, Request{Bucket: root, Model: "tiny", Revision: m.Revision}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Free()
+	if res.Tier != TierCache {
+		t.Fatalf("load after a prefetch: %s, want t2", res.Tier)
+	}
+	checkSame(t, res, src)
+	if _, err := Prefetch(ctx, cache, Request{Bucket: root, Model: "tiny", Revision: "sha256:" + strings.Repeat("1", 64)}, Options{}); err == nil {
+		t.Fatal("prefetched a revision the bucket does not hold")
+	}
+}
