@@ -67,6 +67,24 @@ func init() {
 			}
 			return slices.DeleteFunc(ms, func(m string) bool { return m == views })
 		}
+		n.limits = func(t testing.TB, memory int64, cpus float64) {
+			cctx := namespaces.WithNamespace(ctx, "stoke")
+			cs, err := client.Containers(cctx)
+			if err != nil || len(cs) == 0 {
+				t.Fatalf("no containers to check (%v)", err)
+			}
+			for _, c := range cs {
+				spec, err := c.Spec(cctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := spec.Linux.Resources
+				if r == nil || r.Memory == nil || r.Memory.Limit == nil || *r.Memory.Limit != memory ||
+					r.CPU == nil || r.CPU.Quota == nil || r.CPU.Period == nil || float64(*r.CPU.Quota)/float64(*r.CPU.Period) != cpus {
+					t.Fatalf("container %s resources %+v, want %d bytes and %.1f CPUs", c.ID(), r, memory, cpus)
+				}
+			}
+		}
 		n.backend = be
 		n.engines = func(t testing.TB) []int {
 			cctx := namespaces.WithNamespace(ctx, "stoke")

@@ -60,6 +60,9 @@ type node struct {
 	// and mounts lists the mounts its open views hold (nil: none).
 	cache  nodecache.Cache
 	mounts func() []string
+	// limits checks that the runtimes run under the given memory and CPU
+	// limits (nil: the backend sets none).
+	limits func(t testing.TB, memory int64, cpus float64)
 }
 
 // backends are the runtime backends the tests run on; containerd is added
@@ -138,7 +141,7 @@ func (n *node) manager(t *testing.T, slots, warm int, sleepBudget int64, keep bo
 	m, err := runtime.New(context.Background(), runtime.Options{
 		Backend: n.backend, Dir: n.dir, Slots: classes, Warm: warm, SleepBudget: sleepBudget, Source: n.source,
 		EngineArgs: []string{"--kv-cache-memory", "8MiB", "--threads", "1", "--cache-dir", filepath.Join(n.dir, "cache")}, WeightArena: 4 << 20,
-		HealthInterval: 200 * time.Millisecond, StopGrace: 5 * time.Second, KeepOnClose: keep,
+		HealthInterval: 200 * time.Millisecond, StopGrace: 5 * time.Second, KeepOnClose: keep, MemoryBytes: 1 << 30, CPUs: 1.5,
 		OnEvent: func(e runtime.Event) {
 			select {
 			case n.events <- e:
@@ -251,6 +254,9 @@ func testTiersAndFaults(t *testing.T, kind string) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &listed); err != nil || len(listed.Data) != 2 || listed.Data[0].Model != "c" || listed.Data[1].Model != "b" ||
 		listed.Data[0].State != runtime.StateReady || !listed.Data[1].InUse {
 		t.Fatalf("GET /admin/runtimes: %s (%v)", rec.Body, err)
+	}
+	if n.limits != nil {
+		n.limits(t, 1<<30, 1.5)
 	}
 	if _, err := m.Acquire(ctx, "a", ""); !errors.Is(err, runtime.ErrNoCapacity) {
 		t.Fatalf("acquire on a full node: %v, want ErrNoCapacity", err)

@@ -586,18 +586,17 @@ func (m *bpeModel) parseMerges(raw json.RawMessage) error {
 	}
 	m.merges = make(map[uint64]merge, len(pairs))
 	for i, p := range pairs {
-		field := fmt.Sprintf("model.merges[%d]", i)
 		a, ok := m.vocab[p[0]]
 		if !ok {
-			return fieldErr(field, "token %q is not in model.vocab", p[0])
+			return fieldErr(mergeField(i).String(), "token %q is not in model.vocab", p[0])
 		}
 		b, ok := m.vocab[p[1]]
 		if !ok {
-			return fieldErr(field, "token %q is not in model.vocab", p[1])
+			return fieldErr(mergeField(i).String(), "token %q is not in model.vocab", p[1])
 		}
 		id, ok := m.vocab[p[0]+p[1]]
 		if !ok {
-			return fieldErr(field, "merged token %q is not in model.vocab", p[0]+p[1])
+			return fieldErr(mergeField(i).String(), "merged token %q is not in model.vocab", p[0]+p[1])
 		}
 		k := pairKey(a, b)
 		if _, dup := m.merges[k]; !dup {
@@ -606,6 +605,12 @@ func (m *bpeModel) parseMerges(raw json.RawMessage) error {
 	}
 	return nil
 }
+
+// mergeField names merge i in errors; it is a string only when printed,
+// since merges number in the hundreds of thousands.
+type mergeField int
+
+func (i mergeField) String() string { return fmt.Sprintf("model.merges[%d]", int(i)) }
 
 // splitMerge splits "a b" at the space that leaves two vocabulary tokens
 // (normally the only space).
