@@ -204,6 +204,7 @@ type runtimeState struct {
 	started  time.Time
 	lastUsed time.Time
 	fails    int
+	retiring bool               // failed its health checks; being stopped
 	warm     chan struct{}      // closed once a starting runtime is blank or gone
 	view     nodecache.Revision // the cache view its weights are read from, if any
 }
@@ -524,7 +525,7 @@ func (m *Manager) unclaim(r *runtimeState, cause error) {
 		m.fillPool()
 		return
 	}
-	m.retire(r, fmt.Sprintf("failed to serve: %v", cause))
+	m.markGone(r, fmt.Sprintf("failed to serve: %v", cause))
 }
 
 // Release returns a replica: it sleeps (weights kept, KV freed) when the
@@ -547,14 +548,14 @@ func (m *Manager) Release(ctx context.Context, id string) error {
 	m.mu.Unlock()
 	if canSleep {
 		if err := r.client.Sleep(ctx); err != nil {
-			m.retire(r, fmt.Sprintf("sleep failed: %v", err))
+			m.markGone(r, fmt.Sprintf("sleep failed: %v", err))
 			return fmt.Errorf("release %s: %w", id, err)
 		}
 		m.setState(r, StateSleeping, r.model, "")
 	} else {
 		m.setState(r, StateDraining, r.model, "")
 		if err := r.client.Unload(ctx); err != nil {
-			m.retire(r, fmt.Sprintf("unload failed: %v", err))
+			m.markGone(r, fmt.Sprintf("unload failed: %v", err))
 			return fmt.Errorf("release %s: %w", id, err)
 		}
 		m.closeView(r)
@@ -570,6 +571,10 @@ func (m *Manager) Release(ctx context.Context, id string) error {
 func (m *Manager) startLocked(slot int) (*runtimeState, error) {
 	m.seq++
 	id := fmt.Sprintf("rt-%d-%d", slot, m.seq)
+	for m.runtimes[id] != nil { // an adopted runtime's name
+		m.seq++
+		id = fmt.Sprintf("rt-%d-%d", slot, m.seq)
+	}
 	args := m.opts.EngineArgs
 	if m.opts.WeightArena > 0 {
 		args = append(slices.Clip(args), "--weight-arena", strconv.FormatInt(m.opts.WeightArena, 10))
@@ -605,7 +610,7 @@ func (m *Manager) awaitBlank(r *runtimeState) {
 			return
 		}
 	}
-	m.retire(r, fmt.Sprintf("not serving within the start deadline of %v", m.opts.StartTimeout))
+	m.markGone(r, fmt.Sprintf("not serving within the start deadline of %v", m.opts.StartTimeout))
 }
 
 // waitWarm waits until a starting (or evicted) runtime is blank.
@@ -666,8 +671,8 @@ func (m *Manager) watchExit(r *runtimeState) {
 	}()
 }
 
-// markGone frees a dead runtime's slot, tells the listeners and refills
-// the pool.
+// markGone stops a dead or misbehaving runtime (killing it if it still
+// runs), frees its slot, tells the listeners and refills the pool.
 func (m *Manager) markGone(r *runtimeState, reason string) {
 	m.mu.Lock()
 	if m.runtimes[r.id] != r {
@@ -685,7 +690,7 @@ func (m *Manager) markGone(r *runtimeState, reason string) {
 	r.client.Close()
 	m.log.Warn("runtime gone", "runtime", r.id, "slot", r.slot, "reason", reason)
 	ctx, cancel := context.WithTimeout(context.Background(), m.opts.StopGrace)
-	r.proc.Stop(ctx, 0) // removes what it left behind
+	r.proc.Stop(ctx, time.Second) // kills it if need be; removes what it left behind
 	cancel()
 	m.closeView(r)
 	if !closed {
@@ -693,13 +698,6 @@ func (m *Manager) markGone(r *runtimeState, reason string) {
 	}
 }
 
-// retire stops a misbehaving runtime and frees its slot.
-func (m *Manager) retire(r *runtimeState, reason string) {
-	ctx, cancel := context.WithTimeout(context.Background(), m.opts.StopGrace)
-	r.proc.Stop(ctx, time.Second)
-	cancel()
-	m.markGone(r, reason)
-}
 
 func (m *Manager) healthLoop() {
 	defer m.wg.Done()
@@ -729,10 +727,11 @@ func (m *Manager) healthLoop() {
 			} else {
 				r.fails++
 			}
-			dead := r.fails >= m.opts.HealthFailures
+			dead := r.fails >= m.opts.HealthFailures && !r.retiring
+			r.retiring = r.retiring || dead
 			m.mu.Unlock()
 			if dead {
-				go m.retire(r, fmt.Sprintf("failed %d health checks: %v", m.opts.HealthFailures, err))
+				go m.markGone(r, fmt.Sprintf("failed %d health checks: %v", m.opts.HealthFailures, err))
 			}
 		}
 	}

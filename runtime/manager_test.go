@@ -464,3 +464,36 @@ func TestManagerLoadsFromCacheViews(t *testing.T) {
 		})
 	}
 }
+
+// TestManagerRetiresUnresponsiveRuntime stops a runtime answering (SIGSTOP)
+// and checks the health checks retire it: killed, slot freed, event out.
+func TestManagerRetiresUnresponsiveRuntime(t *testing.T) {
+	n := newNode(t, "process", "a")
+	ctx := context.Background()
+	m := n.manager(t, 1, 0, 1<<30, false)
+	defer m.Close(ctx)
+	rep, err := m.Acquire(ctx, "a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	syscall.Kill(pidOf(t, n, rep.ID), syscall.SIGSTOP)
+	waitFor(t, "the frozen runtime retired", func() bool {
+		for {
+			select {
+			case e := <-n.events:
+				if e.Runtime == rep.ID && e.State == runtime.StateGone && strings.Contains(e.Reason, "health checks") {
+					return true
+				}
+			default:
+				return false
+			}
+		}
+	})
+	waitFor(t, "its process gone", func() bool { return len(n.engines(t)) == 0 })
+	if rs := m.Runtimes(); len(rs) != 0 {
+		t.Fatalf("runtimes after the retirement: %+v", rs)
+	}
+	if _, err := m.Acquire(ctx, "a", ""); err != nil {
+		t.Fatalf("the freed slot does not take a new runtime: %v", err)
+	}
+}

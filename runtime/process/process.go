@@ -84,7 +84,7 @@ func (b *Backend) Start(ctx context.Context, spec runtime.Spec) (runtime.Process
 	cmd.Env = append(os.Environ(), b.opts.Env...)
 	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: 0}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start runtime %s: %w", spec.ID, err)
 	}
