@@ -698,7 +698,6 @@ func (m *Manager) markGone(r *runtimeState, reason string) {
 	}
 }
 
-
 func (m *Manager) healthLoop() {
 	defer m.wg.Done()
 	t := time.NewTicker(m.opts.HealthInterval)
