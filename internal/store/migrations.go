@@ -25,6 +25,14 @@ var migrations = [...]string{
 		UNIQUE (model, digest)
 	);
 	CREATE INDEX revisions_by_model ON revisions (model, id);`,
+	// 2: deployments: a served model name, the revision it serves and its
+	// deployment spec.
+	`CREATE TABLE deployments (
+		name       TEXT    PRIMARY KEY,
+		revision   TEXT    NOT NULL,
+		spec       TEXT    NOT NULL DEFAULT '{}',
+		updated_at INTEGER NOT NULL
+	);`,
 }
 
 // SchemaVersion is the user_version of a database this package has brought

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -34,7 +35,7 @@ func TestOpenSetsUpSchemaAndPragmas(t *testing.T) {
 		pragma string
 		want   string
 	}{
-		{"user_version", "1"},
+		{"user_version", strconv.Itoa(SchemaVersion)},
 		{"journal_mode", "wal"},
 		{"busy_timeout", "10000"},
 		{"foreign_keys", "1"},

@@ -1,0 +1,38 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		name, raw, wantErr string
+		check              func(Spec) bool
+	}{
+		{name: "empty is the default", raw: "", check: func(s Spec) bool { return s == Default() }},
+		{name: "null is the default", raw: "null", check: func(s Spec) bool { return s == Default() }},
+		{name: "overrides", raw: `{"replicas":{"min":1,"max":3},"idle_delay":"5s","buffer":{"timeout":2}}`, check: func(s Spec) bool {
+			return s.Replicas == Replicas{1, 3} && time.Duration(s.IdleDelay) == 5*time.Second && time.Duration(s.Buffer.Timeout) == 2*time.Second &&
+				s.TargetConcurrency == 8 && s.Buffer.Capacity == 1000
+		}},
+		{name: "max below min", raw: `{"replicas":{"min":3,"max":2}}`, wantErr: "replicas.max"},
+		{name: "bad duration", raw: `{"idle_delay":"soon"}`, wantErr: "soon"},
+		{name: "zero target", raw: `{"target_concurrency":0}`, wantErr: "target_concurrency"},
+		{name: "not JSON", raw: `{`, wantErr: "deployment spec"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Parse([]byte(tc.raw))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !tc.check(s) {
+				t.Fatalf("Parse(%s) = %+v, %v", tc.raw, s, err)
+			}
+		})
+	}
+}
