@@ -362,7 +362,12 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 			r.revision, r.weights = st.Load.Revision, st.Load.TotalBytes
 			m.mu.Unlock()
 			if m.opts.Cache != nil && st.Load.Tier == string(TierBucket) {
-				go m.prefetch(model, st.Load.Revision)
+				m.mu.Lock()
+				if !m.closed {
+					m.wg.Add(1)
+					go m.prefetch(model, st.Load.Revision)
+				}
+				m.mu.Unlock()
 			}
 		}
 		rep.Breakdown.Load = max(0, total-rep.Breakdown.Fetch)
@@ -401,11 +406,19 @@ func (m *Manager) openView(ctx context.Context, revision string) nodecache.Revis
 // prefetch fills the node cache with a revision a runtime loaded from the
 // bucket, so the next load of it on this node is T2.
 func (m *Manager) prefetch(model, revision string) {
+	defer m.wg.Done()
 	if m.opts.Bucket == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	go func() {
+		select {
+		case <-m.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	if _, err := loader.Prefetch(ctx, m.opts.Cache, loader.Request{Bucket: m.opts.Bucket, Model: model, Revision: revision}, loader.Options{}); err != nil {
 		m.log.Warn("node cache prefetch failed", "model", model, "revision", revision, "err", err)
 	}
