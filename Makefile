@@ -10,11 +10,15 @@ DEMO    := $(DATA)/models/demo
 build:
 	$(GO) build -o $(BIN) ./cmd/stoke
 
-# The platform does not exist yet: until `stoke serve` lands, `make run`
-# writes a small synthetic model once and generates from it on the CPU engine.
+# `make run` starts the platform on its embedded defaults: state, runtimes
+# and the default bucket under ./.stoke, the API on 127.0.0.1:8080. On the
+# first run it pushes a small synthetic model into the bucket as "demo".
+BUCKET  := $(DATA)/bucket
 run: build
 	@test -f $(DEMO)/config.json || $(BIN) model synth --preset small --out $(DEMO) --seed 1
-	$(BIN) generate --model $(DEMO) --prompt "Once upon a time" --max-tokens 48 --temperature 0.8 --seed 1
+	@test -f $(BUCKET)/demo/manifest.json || $(BIN) push $(DEMO) file://$(CURDIR)/$(BUCKET)/demo
+	@echo 'stoke: try  curl -s localhost:8080/v1/chat/completions -d '"'"'{"model":"demo","messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":32}'"'"
+	$(BIN) serve --data $(DATA)
 
 # Test dependencies: the MinIO server the weight-store tests run against
 # (built once with `go install`, a few minutes the first time), and

@@ -17,6 +17,10 @@ type Spec struct {
 	TargetConcurrency float64 `json:"target_concurrency"`
 	// TTFTSLO is the p90 time-to-first-token the scaler defends.
 	TTFTSLO Duration `json:"ttft_slo"`
+	// Window is the scaler's stable window: concurrency is averaged over
+	// it (the panic window is a tenth of it), as Knative's
+	// autoscaling.knative.dev/window.
+	Window Duration `json:"window"`
 	// IdleDelay is how long load must stay lower before replicas are
 	// released (to sleep or to the warm pool).
 	IdleDelay Duration `json:"idle_delay"`
@@ -44,7 +48,8 @@ func Default() Spec {
 		Replicas:          Replicas{Min: 0, Max: 4},
 		TargetConcurrency: 8,
 		TTFTSLO:           Duration(800 * time.Millisecond),
-		IdleDelay:         Duration(60 * time.Second),
+		Window:            Duration(60 * time.Second),
+		IdleDelay:         Duration(30 * time.Second),
 		Buffer:            Buffer{Capacity: 1000, Timeout: Duration(60 * time.Second)},
 	}
 }
@@ -72,6 +77,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("deployment spec: target_concurrency %v must be positive", s.TargetConcurrency)
 	case s.TTFTSLO <= 0:
 		return fmt.Errorf("deployment spec: ttft_slo must be positive")
+	case time.Duration(s.Window) < time.Second:
+		return fmt.Errorf("deployment spec: window must be at least 1s")
 	case s.IdleDelay < 0:
 		return fmt.Errorf("deployment spec: idle_delay must not be negative")
 	case s.Buffer.Capacity < 0:

@@ -1,0 +1,239 @@
+// Package activator is the request data path: it resolves a request's
+// model to a deployment, picks a ready replica with room (prefix affinity
+// bounded by load, else least in-flight by two random choices), and
+// proxies the request to its engine with streaming passthrough. When no
+// replica has room the request waits in the deployment's bounded,
+// priority-ordered buffer and the scaler is poked at once. A replica that
+// fails before the first byte is retried on another; a circuit breaker
+// per replica keeps a failing one out of rotation.
+package activator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/stokehq/stoke/internal/config"
+	"github.com/stokehq/stoke/internal/openai"
+)
+
+// Resolver maps a model name to its deployment.
+type Resolver interface {
+	// Lookup returns the deployment's revision and spec.
+	Lookup(name string) (revision string, spec config.Spec, ok bool)
+	// Poke asks the scaler to decide about a deployment now.
+	Poke(name string)
+}
+
+// Options configure an Activator.
+type Options struct {
+	Resolver Resolver
+	// MaxBodyBytes limits request bodies (default 8 MiB).
+	MaxBodyBytes int64
+	// Retries is how many other replicas a request that failed before
+	// its first byte tries (default 2).
+	Retries int
+	Logger  *slog.Logger
+}
+
+// Activator routes requests to the replicas of deployments.
+type Activator struct {
+	opts Options
+	log  *slog.Logger
+	tr   Transports
+
+	mu   sync.RWMutex
+	deps map[string]*route
+}
+
+// route is one deployment's routing state.
+type route struct {
+	pool     *Pool
+	buffer   *Buffer
+	mu       sync.RWMutex
+	addrs    map[string]string // replica id → engine address
+	inflight atomic.Int64
+	waiting  atomic.Int64
+}
+
+// New returns an activator.
+func New(opts Options) *Activator {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 8 << 20
+	}
+	if opts.Retries <= 0 {
+		opts.Retries = 2
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Activator{opts: opts, log: opts.Logger.With("component", "activator"), deps: map[string]*route{}}
+}
+
+// routeFor returns a deployment's routing state, creating it.
+func (a *Activator) routeFor(name string, spec config.Spec) *route {
+	a.mu.RLock()
+	r, ok := a.deps[name]
+	a.mu.RUnlock()
+	if ok {
+		return r
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r, ok = a.deps[name]; !ok {
+		r = &route{addrs: map[string]string{}}
+		r.buffer = NewBufferWithOptions(BufferOptions{Capacity: spec.Buffer.Capacity, OnQueued: func() { a.opts.Resolver.Poke(name) }})
+		r.pool = NewPool(PoolOptions{OnFree: func(n int) { r.buffer.Notify(n) }})
+		a.deps[name] = r
+	}
+	return r
+}
+
+// AddReplica makes a ready replica routable and wakes buffered requests.
+func (a *Activator) AddReplica(deployment, id, addr string, capacity int) {
+	_, spec, _ := a.opts.Resolver.Lookup(deployment)
+	r := a.routeFor(deployment, spec)
+	r.mu.Lock()
+	r.addrs[id] = addr
+	r.mu.Unlock()
+	if err := r.pool.Add(id, capacity); err != nil {
+		a.log.Warn("add replica", "deployment", deployment, "replica", id, "err", err)
+	}
+}
+
+// RemoveReplica stops routing to a replica and waits until its requests
+// in flight are done or ctx ends.
+func (a *Activator) RemoveReplica(ctx context.Context, deployment, id string) {
+	a.mu.RLock()
+	r, ok := a.deps[deployment]
+	a.mu.RUnlock()
+	if !ok {
+		return
+	}
+	if drained, ok := r.pool.Remove(id); ok {
+		select {
+		case <-drained:
+		case <-ctx.Done():
+			return
+		}
+	}
+	r.mu.Lock()
+	addr := r.addrs[id]
+	delete(r.addrs, id)
+	r.mu.Unlock()
+	a.tr.Forget(addr)
+}
+
+// Concurrency is a deployment's requests in flight plus those buffered.
+func (a *Activator) Concurrency(deployment string) float64 {
+	a.mu.RLock()
+	r, ok := a.deps[deployment]
+	a.mu.RUnlock()
+	if !ok {
+		return 0
+	}
+	return float64(r.inflight.Load() + r.waiting.Load())
+}
+
+// inferenceRequest is what the activator reads of a request body.
+type inferenceRequest struct {
+	Model    string          `json:"model"`
+	Prompt   json.RawMessage `json:"prompt"`
+	Messages json.RawMessage `json:"messages"`
+	Priority int             `json:"priority"`
+}
+
+// ServeHTTP serves /v1/completions and /v1/chat/completions.
+func (a *Activator) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, a.opts.MaxBodyBytes))
+	if err != nil {
+		writeError(w, openai.BodyTooLarge(a.opts.MaxBodyBytes), 0)
+		return
+	}
+	var ir inferenceRequest
+	if e := openai.Decode(body, &ir); e != nil {
+		writeError(w, e, 0)
+		return
+	}
+	if ir.Model == "" {
+		writeError(w, openai.InvalidRequest("model", "model is required"), 0)
+		return
+	}
+	_, spec, ok := a.opts.Resolver.Lookup(ir.Model)
+	if !ok {
+		writeError(w, openai.ModelNotFound(ir.Model), 0)
+		return
+	}
+	r := a.routeFor(ir.Model, spec)
+	key := ir.Prompt
+	if len(ir.Messages) > 0 {
+		key = ir.Messages
+	}
+	ctx := req.Context()
+	deadline := time.Now().Add(time.Duration(spec.Buffer.Timeout))
+	tried := 0
+	for {
+		var id string
+		var release ReleaseFunc
+		r.waiting.Add(1)
+		_, err := r.buffer.Acquire(ctx, ir.Priority, deadline, func() bool {
+			var ok bool
+			id, release, ok = r.pool.Pick(key)
+			return ok
+		})
+		r.waiting.Add(-1)
+		if err != nil {
+			switch {
+			case errors.Is(err, ErrBufferFull):
+				writeError(w, &openai.Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "buffer_full",
+					Message: "model " + ir.Model + " has too many requests waiting for a replica; retry shortly"}, 1)
+				return
+			case errors.Is(err, ErrDeadline):
+				writeError(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "no_replica",
+					Message: "no replica of " + ir.Model + " became available in time; retry shortly"}, 5)
+				return
+			}
+			return // the client went away
+		}
+		r.mu.RLock()
+		addr := r.addrs[id]
+		r.mu.RUnlock()
+		r.inflight.Add(1)
+		err = a.tr.forward(ctx, addr, req, body, w)
+		r.inflight.Add(-1)
+		if ctx.Err() != nil || errors.Is(err, errClient) {
+			release(nil) // the client's doing, not the replica's
+		} else {
+			release(err)
+		}
+		if err == nil || !errors.Is(err, errNotStarted) || ctx.Err() != nil {
+			if err != nil && ctx.Err() == nil {
+				a.log.Warn("request failed mid-stream", "model", ir.Model, "replica", id, "err", err)
+			}
+			return
+		}
+		tried++
+		a.log.Warn("replica failed before the first byte; retrying elsewhere", "model", ir.Model, "replica", id, "err", err)
+		if tried > a.opts.Retries {
+			writeError(w, openai.Unavailable("every replica tried for %s failed: %v", ir.Model, err), 1)
+			return
+		}
+	}
+}
+
+// writeError writes e in the OpenAI shape, with Retry-After when set.
+func writeError(w http.ResponseWriter, e *openai.Error, retryAfter int) {
+	if retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.Status)
+	json.NewEncoder(w).Encode(e.Body())
+}

@@ -1,0 +1,440 @@
+package activator
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrBufferFull is returned at once by Buffer.Wait and Buffer.Acquire when
+// the buffer already holds its capacity of waiting requests; the caller
+// answers 429 with a Retry-After.
+var ErrBufferFull = errors.New("activator buffer is full")
+
+// ErrDeadline is returned by Buffer.Wait and Buffer.Acquire when the
+// request's deadline passed before capacity came; the caller answers 503.
+var ErrDeadline = errors.New("deadline passed while waiting for a replica")
+
+// defaultBufferRetryInterval is BufferOptions.RetryInterval when unset.
+const defaultBufferRetryInterval = 250 * time.Millisecond
+
+// BufferOptions configure a Buffer.
+type BufferOptions struct {
+	// Capacity is how many requests may wait at once; 0 or less refuses
+	// every wait with ErrBufferFull (no buffering).
+	Capacity int
+	// RetryInterval is a safety net against capacity that appears without
+	// a Notify (a breaker cooling down, a missed call): the request at the
+	// head of the queue retries after waiting this long without a grant.
+	// Default 250ms; negative turns the safety net off.
+	RetryInterval time.Duration
+	// OnQueued, when set, is called (outside the buffer's lock) each time
+	// a request starts waiting, so the caller can poke the scaler.
+	OnQueued func()
+}
+
+// Buffer is the wait queue of one deployment: requests wait in it while no
+// replica has room. It is bounded, ordered by priority (higher first) and,
+// within a priority, first come first served. Safe for concurrent use.
+//
+// The Buffer does not count capacity itself; it hands out wake-ups. The
+// caller's contract:
+//   - whenever capacity may have appeared (a request released its replica,
+//     a replica became ready, a capacity was raised), call Notify with the
+//     number of slots that may have freed;
+//   - a granted waiter retries its pick; a grant that finds no room is not
+//     an error, the request just waits again.
+//
+// Acquire runs that loop for the caller without losing a wake-up and
+// without losing the request's place in the queue; it is the recommended
+// entry point. Wait is the single step, for callers that run the loop
+// themselves.
+type Buffer struct {
+	capacity int
+	retry    time.Duration
+	onQueued func()
+
+	mu    sync.Mutex
+	queue waiterHeap
+	seq   uint64
+	// settling counts Acquire waiters taken off the queue (granted or
+	// retrying) whose pick has not yet succeeded or failed.
+	settling int
+	// epoch counts Notify calls (and hand-overs); Acquire compares it
+	// across a failed pick to detect a wake-up it could have missed.
+	epoch atomic.Uint64
+}
+
+// Ticket describes how a request got through a Buffer.
+type Ticket struct {
+	// Priority is the priority the request waited with.
+	Priority int
+	// Queued reports whether the request had to wait in the queue.
+	Queued bool
+	// Waited is how long it waited (zero when it did not).
+	Waited time.Duration
+}
+
+// bufferWaiter is one request in the queue.
+type bufferWaiter struct {
+	priority int
+	seq      uint64
+	index    int // position in the heap; -1 while not queued
+	granted  bool
+	acquire  bool          // waits through Acquire (counts in settling when granted)
+	ready    chan struct{} // one token per grant
+}
+
+// waiterHeap orders waiters by priority (higher first), then arrival.
+type waiterHeap []*bufferWaiter
+
+func (h waiterHeap) Len() int { return len(h) }
+func (h waiterHeap) Less(i, j int) bool {
+	if h[i].priority != h[j].priority {
+		return h[i].priority > h[j].priority
+	}
+	return h[i].seq < h[j].seq
+}
+func (h waiterHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+func (h *waiterHeap) Push(x any) {
+	w := x.(*bufferWaiter)
+	w.index = len(*h)
+	*h = append(*h, w)
+}
+func (h *waiterHeap) Pop() any {
+	old := *h
+	n := len(old) - 1
+	w := old[n]
+	old[n] = nil
+	w.index = -1
+	*h = old[:n]
+	return w
+}
+
+// NewBuffer returns a buffer holding at most capacity waiting requests,
+// with the default retry interval.
+func NewBuffer(capacity int) *Buffer {
+	return NewBufferWithOptions(BufferOptions{Capacity: capacity})
+}
+
+// NewBufferWithOptions returns a buffer configured by opts.
+func NewBufferWithOptions(opts BufferOptions) *Buffer {
+	retry := opts.RetryInterval
+	if retry == 0 {
+		retry = defaultBufferRetryInterval
+	}
+	return &Buffer{capacity: opts.Capacity, retry: retry, onQueued: opts.OnQueued}
+}
+
+// Len returns the number of requests waiting.
+func (b *Buffer) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.queue.Len()
+}
+
+// Cap returns the most requests that may wait at once.
+func (b *Buffer) Cap() int { return b.capacity }
+
+// Notify says that up to n slots may have freed: it wakes the n first
+// waiters (highest priority, oldest first) and returns how many it woke.
+// Wake-ups beyond the waiters present are not stored.
+func (b *Buffer) Notify(n int) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.epoch.Add(1)
+	return b.grantLocked(n)
+}
+
+// grantLocked wakes up to n waiters from the head of the queue.
+func (b *Buffer) grantLocked(n int) int {
+	granted := 0
+	for ; n > 0 && b.queue.Len() > 0; n-- {
+		w := heap.Pop(&b.queue).(*bufferWaiter)
+		w.granted = true
+		if w.acquire {
+			b.settling++
+		}
+		w.ready <- struct{}{}
+		granted++
+	}
+	return granted
+}
+
+// Wait queues a request and blocks until it is woken by Notify, its
+// deadline passes (ErrDeadline; a zero deadline never passes), or ctx ends
+// (ctx's error). It refuses at once with ErrBufferFull when the buffer is
+// full. A nil return means "retry your pick now": a Notify woke it, or it
+// sat at the head of the queue for the retry interval without one. A wake
+// that lands on a request whose ctx has already ended, or whose deadline
+// has passed, is handed to the next waiter, so no wake-up is lost; a
+// request that gives up is always taken out of the queue.
+//
+// A caller that picks, fails and then calls Wait can miss a Notify made
+// between the two (the retry interval bounds the cost); Acquire cannot.
+func (b *Buffer) Wait(ctx context.Context, priority int, deadline time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		return ErrDeadline
+	}
+	w := &bufferWaiter{priority: priority, index: -1, ready: make(chan struct{}, 1)}
+	b.mu.Lock()
+	err := b.enqueueLocked(w)
+	b.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if b.onQueued != nil {
+		b.onQueued()
+	}
+	timers := newWaitTimers(deadline, b.retry)
+	defer timers.stop()
+	return b.block(ctx, w, timers)
+}
+
+// Acquire gets a request through to a replica: it calls try (typically a
+// Pool.Pick that keeps its result) until try reports success, waiting in
+// the queue between attempts. When nobody waits it calls try at once.
+// Otherwise the request queues behind the others; each time it is woken it
+// calls try again and, if that fails, returns to the same place in the
+// queue (it never falls behind requests that arrived after it). A waiter
+// whose try succeeds passes a wake-up to the next one, so a burst of
+// capacity drains the queue without one Notify per slot.
+//
+// Errors: ErrBufferFull at once when the request would have to wait and
+// the buffer is full; ErrDeadline when deadline (zero: none) passes first;
+// ctx's error when ctx ends first. try runs on the caller's goroutine,
+// never under the buffer's lock, and may run after ctx has ended only if
+// it ended during the call.
+func (b *Buffer) Acquire(ctx context.Context, priority int, deadline time.Time, try func() bool) (Ticket, error) {
+	if try == nil {
+		return Ticket{}, errors.New("activator buffer: Acquire needs a try function")
+	}
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		// Past its deadline a request may still take free room, never wait.
+		if err := ctx.Err(); err != nil {
+			return Ticket{}, err
+		}
+		if try() {
+			return Ticket{Priority: priority}, nil
+		}
+		return Ticket{}, ErrDeadline
+	}
+	var w *bufferWaiter // made only when the request has to wait
+	for {
+		if err := ctx.Err(); err != nil {
+			return Ticket{}, err
+		}
+		b.mu.Lock()
+		if b.queue.Len() > 0 || b.settling > 0 {
+			// Others wait or are being served: queue behind them; they
+			// pass wake-ups on, so this request needs no try of its own.
+			w = newAcquireWaiter(priority)
+			err := b.enqueueLocked(w)
+			b.mu.Unlock()
+			if err != nil {
+				return Ticket{}, err
+			}
+			break
+		}
+		epoch := b.epoch.Load()
+		b.mu.Unlock()
+		if try() {
+			return Ticket{Priority: priority}, nil
+		}
+		b.mu.Lock()
+		if b.epoch.Load() != epoch {
+			// A Notify came while try ran: room may have freed; try again.
+			b.mu.Unlock()
+			continue
+		}
+		w = newAcquireWaiter(priority)
+		err := b.enqueueLocked(w)
+		b.mu.Unlock()
+		if err != nil {
+			return Ticket{}, err
+		}
+		break
+	}
+	start := time.Now()
+	if b.onQueued != nil {
+		b.onQueued()
+	}
+	timers := newWaitTimers(deadline, b.retry)
+	defer timers.stop()
+	for {
+		if err := b.block(ctx, w, timers); err != nil {
+			return Ticket{}, err
+		}
+		// Woken and off the queue, counted in settling.
+		for {
+			epoch := b.epoch.Load()
+			ok := try()
+			b.mu.Lock()
+			if ok {
+				b.settling--
+				b.grantLocked(1) // pass the baton: more room may be there
+				b.mu.Unlock()
+				return Ticket{Priority: priority, Queued: true, Waited: time.Since(start)}, nil
+			}
+			if b.epoch.Load() != epoch && ctx.Err() == nil && !timers.expired() {
+				b.mu.Unlock()
+				continue // a wake-up arrived during try: retry before queueing
+			}
+			b.settling--
+			var err error
+			if err = ctx.Err(); err == nil && timers.expired() {
+				err = ErrDeadline
+			}
+			if err != nil {
+				// It may have been woken for room that another can use.
+				b.grantLocked(1)
+				b.mu.Unlock()
+				return Ticket{}, err
+			}
+			// Back to its old place; a request already admitted may exceed
+			// the capacity by the few that are settling.
+			w.granted = false
+			heap.Push(&b.queue, w)
+			b.mu.Unlock()
+			break
+		}
+		timers.resetRetry()
+	}
+}
+
+func newAcquireWaiter(priority int) *bufferWaiter {
+	return &bufferWaiter{priority: priority, index: -1, acquire: true, ready: make(chan struct{}, 1)}
+}
+
+// enqueueLocked queues a new waiter unless the buffer is full.
+func (b *Buffer) enqueueLocked(w *bufferWaiter) error {
+	if b.queue.Len() >= b.capacity {
+		return ErrBufferFull
+	}
+	w.seq = b.seq
+	b.seq++
+	heap.Push(&b.queue, w)
+	return nil
+}
+
+// block waits for w to be granted, or gives up on ctx or the deadline. On
+// a nil return w is off the queue and granted (and, for Acquire waiters,
+// counted in settling).
+func (b *Buffer) block(ctx context.Context, w *bufferWaiter, t *waitTimers) error {
+	for {
+		select {
+		case <-w.ready:
+			if err := ctx.Err(); err != nil {
+				return b.abandon(w, err)
+			}
+			if t.expired() {
+				return b.abandon(w, ErrDeadline)
+			}
+			return nil
+		case <-ctx.Done():
+			return b.abandon(w, ctx.Err())
+		case <-t.deadlineC():
+			return b.abandon(w, ErrDeadline)
+		case <-t.retryC():
+			b.mu.Lock()
+			switch {
+			case w.granted:
+				// A grant raced the retry timer; its token is in w.ready.
+				b.mu.Unlock()
+				<-w.ready
+				return nil
+			case w.index == 0:
+				heap.Remove(&b.queue, 0)
+				w.granted = true
+				if w.acquire {
+					b.settling++
+				}
+				b.mu.Unlock()
+				return nil
+			}
+			b.mu.Unlock()
+			t.resetRetry()
+		}
+	}
+}
+
+// abandon takes w out of the buffer for good. If w was granted meanwhile,
+// the grant goes to the next waiter so the wake-up is not lost.
+func (b *Buffer) abandon(w *bufferWaiter, err error) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if w.granted {
+		if w.acquire {
+			b.settling--
+		}
+		b.epoch.Add(1)
+		b.grantLocked(1)
+		return err
+	}
+	if w.index >= 0 {
+		heap.Remove(&b.queue, w.index)
+	}
+	return err
+}
+
+// waitTimers are a waiter's deadline and retry timers.
+type waitTimers struct {
+	deadline time.Time
+	dl       *time.Timer
+	retry    time.Duration
+	rt       *time.Timer
+}
+
+func newWaitTimers(deadline time.Time, retry time.Duration) *waitTimers {
+	t := &waitTimers{deadline: deadline, retry: retry}
+	if !deadline.IsZero() {
+		t.dl = time.NewTimer(time.Until(deadline))
+	}
+	if retry > 0 {
+		t.rt = time.NewTimer(retry)
+	}
+	return t
+}
+
+func (t *waitTimers) deadlineC() <-chan time.Time {
+	if t.dl == nil {
+		return nil
+	}
+	return t.dl.C
+}
+
+func (t *waitTimers) retryC() <-chan time.Time {
+	if t.rt == nil {
+		return nil
+	}
+	return t.rt.C
+}
+
+func (t *waitTimers) expired() bool {
+	return !t.deadline.IsZero() && !time.Now().Before(t.deadline)
+}
+
+func (t *waitTimers) resetRetry() {
+	if t.rt != nil {
+		t.rt.Reset(t.retry)
+	}
+}
+
+func (t *waitTimers) stop() {
+	if t.dl != nil {
+		t.dl.Stop()
+	}
+	if t.rt != nil {
+		t.rt.Stop()
+	}
+}

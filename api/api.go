@@ -1,0 +1,193 @@
+// Package api is stoke's HTTP surface: the OpenAI-compatible /v1 endpoints
+// clients call (served through the activator), the /admin endpoints
+// operators use, and /metrics. Errors always have the OpenAI shape.
+// Middleware runs in a fixed chain (request id, then the caller's, then the
+// handlers), which is the seam tenancy (auth, limits, quotas) plugs into.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/stokehq/stoke/internal/openai"
+	"github.com/stokehq/stoke/internal/store"
+)
+
+// Deployments is what the API lists and updates.
+type Deployments interface {
+	// Deployments lists every deployment.
+	Deployments(ctx context.Context) ([]store.Deployment, error)
+	// Deployment returns one, or an error wrapping store.ErrNotFound.
+	Deployment(ctx context.Context, name string) (store.Deployment, error)
+	// UpdateSpec replaces a deployment's spec after validating it.
+	UpdateSpec(ctx context.Context, name string, spec json.RawMessage) (store.Deployment, error)
+}
+
+// Options wire the API to the rest of the platform.
+type Options struct {
+	// Inference serves /v1/completions and /v1/chat/completions (the
+	// activator).
+	Inference http.Handler
+	// Deployments backs /v1/models and /admin/deployments.
+	Deployments Deployments
+	// Runtimes serves GET /admin/runtimes; nil answers 404.
+	Runtimes http.Handler
+	// Registry is served at /metrics.
+	Registry *prometheus.Registry
+	// Middleware runs before every handler, after the request id (auth,
+	// rate limits and quotas go here).
+	Middleware []gin.HandlerFunc
+	// MaxBodyBytes limits admin request bodies (default 1 MiB).
+	MaxBodyBytes int64
+}
+
+// New returns the API's handler.
+func New(o Options) http.Handler {
+	gin.SetMode(gin.ReleaseMode)
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 1 << 20
+	}
+	r := gin.New()
+	r.Use(gin.Recovery(), requestID())
+	r.Use(o.Middleware...)
+	r.NoRoute(func(c *gin.Context) { writeError(c, openai.NotFound("no route %s %s", c.Request.Method, c.Request.URL.Path)) })
+	r.NoMethod(func(c *gin.Context) { writeError(c, openai.NotFound("no route %s %s", c.Request.Method, c.Request.URL.Path)) })
+	r.HandleMethodNotAllowed = true
+
+	inference := gin.WrapH(o.Inference)
+	r.POST("/v1/completions", inference)
+	r.POST("/v1/chat/completions", inference)
+	r.GET("/v1/models", o.listModels)
+	r.GET("/health", func(c *gin.Context) { c.String(http.StatusOK, "ok") })
+
+	r.GET("/admin/deployments", o.listDeployments)
+	r.GET("/admin/deployments/:name", o.getDeployment)
+	r.PUT("/admin/deployments/:name", o.putDeployment)
+	if o.Runtimes != nil {
+		r.GET("/admin/runtimes", gin.WrapH(o.Runtimes))
+	}
+	if o.Registry != nil {
+		r.GET("/metrics", gin.WrapH(promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{})))
+	}
+	return r
+}
+
+// requestID gives every request an id (the client's X-Request-Id when it
+// sent one), echoed in the response.
+func requestID() gin.HandlerFunc {
+	var seq atomic.Uint64
+	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	return func(c *gin.Context) {
+		id := c.GetHeader("X-Request-Id")
+		if id == "" {
+			id = prefix + "-" + strconv.FormatUint(seq.Add(1), 36)
+			c.Request.Header.Set("X-Request-Id", id)
+		}
+		c.Header("X-Request-Id", id)
+		c.Next()
+	}
+}
+
+func (o Options) listModels(c *gin.Context) {
+	ds, err := o.Deployments.Deployments(c.Request.Context())
+	if err != nil {
+		writeError(c, openai.ServerError("list models: %v", err))
+		return
+	}
+	list := openai.ModelList{Object: openai.ObjectList, Data: []openai.Model{}}
+	for _, d := range ds {
+		list.Data = append(list.Data, openai.Model{ID: d.Name, Object: openai.ObjectModel, Created: d.UpdatedAt.Unix(), OwnedBy: "stoke"})
+	}
+	c.JSON(http.StatusOK, list)
+}
+
+// deploymentJSON is a deployment on the admin API.
+type deploymentJSON struct {
+	Name      string          `json:"name"`
+	Revision  string          `json:"revision"`
+	Spec      json.RawMessage `json:"spec"`
+	UpdatedAt time.Time       `json:"updated_at"`
+}
+
+func toJSON(d store.Deployment) deploymentJSON {
+	return deploymentJSON{Name: d.Name, Revision: d.Revision, Spec: d.Spec, UpdatedAt: d.UpdatedAt}
+}
+
+func (o Options) listDeployments(c *gin.Context) {
+	ds, err := o.Deployments.Deployments(c.Request.Context())
+	if err != nil {
+		writeError(c, openai.ServerError("list deployments: %v", err))
+		return
+	}
+	out := struct {
+		Object string           `json:"object"`
+		Data   []deploymentJSON `json:"data"`
+	}{Object: "list", Data: []deploymentJSON{}}
+	for _, d := range ds {
+		out.Data = append(out.Data, toJSON(d))
+	}
+	c.JSON(http.StatusOK, out)
+}
+
+func (o Options) getDeployment(c *gin.Context) {
+	d, err := o.Deployments.Deployment(c.Request.Context(), c.Param("name"))
+	if err != nil {
+		writeError(c, deploymentError(c.Param("name"), err))
+		return
+	}
+	c.JSON(http.StatusOK, toJSON(d))
+}
+
+// putDeployment replaces a deployment's spec: the body is the spec, or an
+// object with a "spec" field.
+func (o Options) putDeployment(c *gin.Context) {
+	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, o.MaxBodyBytes))
+	if err != nil {
+		writeError(c, openai.BodyTooLarge(o.MaxBodyBytes))
+		return
+	}
+	var wrapped struct {
+		Spec json.RawMessage `json:"spec"`
+	}
+	if e := openai.Decode(body, &wrapped); e != nil {
+		writeError(c, e)
+		return
+	}
+	spec := wrapped.Spec
+	if spec == nil {
+		spec = body
+	}
+	d, err := o.Deployments.UpdateSpec(c.Request.Context(), c.Param("name"), spec)
+	if err != nil {
+		writeError(c, deploymentError(c.Param("name"), err))
+		return
+	}
+	c.JSON(http.StatusOK, toJSON(d))
+}
+
+func deploymentError(name string, err error) *openai.Error {
+	var e *openai.Error
+	switch {
+	case errors.As(err, &e):
+		return e
+	case errors.Is(err, store.ErrNotFound):
+		return openai.ModelNotFound(name)
+	case errors.Is(err, store.ErrInvalid):
+		return openai.InvalidRequest("spec", "%v", err)
+	}
+	return openai.ServerError("%v", err)
+}
+
+func writeError(c *gin.Context, e *openai.Error) {
+	c.AbortWithStatusJSON(e.Status, e.Body())
+}

@@ -1,0 +1,216 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+
+	"github.com/stokehq/stoke/activator"
+	"github.com/stokehq/stoke/api"
+	"github.com/stokehq/stoke/engine/server"
+	"github.com/stokehq/stoke/internal/config"
+	"github.com/stokehq/stoke/internal/store"
+	"github.com/stokehq/stoke/runtime"
+	"github.com/stokehq/stoke/runtime/process"
+	"github.com/stokehq/stoke/scaler"
+	"github.com/stokehq/stoke/scaler/reconcile"
+	"github.com/stokehq/stoke/weightstore/bucket"
+	"github.com/stokehq/stoke/weightstore/watch"
+)
+
+type serveFlags struct {
+	listen, data, bucketURL, sleepBudget, weightArena, kvMemory string
+	slots, warm, maxNumSeqs, threads                            int
+	interval, quiet, drain                                      time.Duration
+	s3                                                          *s3Flags
+}
+
+func newServeCmd() *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the platform: watch a bucket, serve its models through an OpenAI-compatible API",
+		Long: `Serve runs stoke in one process: the state store, the bucket watcher
+(every model pushed to the bucket becomes a deployment), the runtime manager
+with its warm pool, the scaler and the activator behind the OpenAI-compatible
+API. With no flags it listens on 127.0.0.1:8080 and keeps everything under
+./.stoke, serving the models pushed to file://$PWD/.stoke/bucket/NAME as NAME.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address of the API")
+	fl.StringVar(&f.data, "data", ".stoke", "directory of the state, the runtimes and the node cache")
+	fl.StringVar(&f.bucketURL, "bucket", "", "bucket whose models are served: s3://bucket[/prefix] or file:///dir (default file://DATA/bucket)")
+	fl.IntVar(&f.slots, "slots", 4, "runtimes this node runs at most")
+	fl.IntVar(&f.warm, "warm", 1, "blank runtimes kept started (the warm pool)")
+	fl.StringVar(&f.sleepBudget, "sleep-budget", "4GiB", "weight memory sleeping replicas may keep")
+	fl.StringVar(&f.weightArena, "weight-arena", "0", "weight memory every runtime pre-faults when it starts")
+	fl.StringVar(&f.kvMemory, "kv-cache-memory", "512MiB", "KV cache of every runtime")
+	fl.IntVar(&f.maxNumSeqs, "max-num-seqs", 256, "requests one runtime runs at once")
+	fl.IntVar(&f.threads, "threads", 0, "compute threads of every runtime (0 = all cores)")
+	fl.DurationVar(&f.interval, "watch-interval", watch.DefaultInterval, "time between two scans of the bucket")
+	fl.DurationVar(&f.quiet, "quiet", watch.DefaultQuiet, "how long a plain upload must stay unchanged before it is deployed")
+	fl.DurationVar(&f.drain, "drain-timeout", 30*time.Second, "how long SIGTERM waits for requests in flight")
+	f.s3 = addS3Flags(fl)
+	return cmd
+}
+
+func runServe(ctx context.Context, f serveFlags) error {
+	sizes := map[string]int64{}
+	for name, v := range map[string]string{"--sleep-budget": f.sleepBudget, "--weight-arena": f.weightArena, "--kv-cache-memory": f.kvMemory} {
+		n, err := parseSize(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("%s: %q is not a size", name, v)
+		}
+		sizes[name] = n
+	}
+	data, err := filepath.Abs(f.data)
+	if err != nil {
+		return err
+	}
+	if f.bucketURL == "" {
+		f.bucketURL = "file://" + filepath.Join(data, "bucket")
+		if err := os.MkdirAll(filepath.Join(data, "bucket"), 0o755); err != nil {
+			return err
+		}
+	}
+	st, err := store.Open(ctx, filepath.Join(data, "state.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	b, err := bucket.Open(ctx, f.bucketURL, f.s3.options())
+	if err != nil {
+		return err
+	}
+	slots, err := runtime.PlanSlots(f.slots, 0, 0, 0)
+	if err != nil {
+		return fmt.Errorf("--slots: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	// Runtimes are short-lived sockets: keep their directory short too.
+	rtDir := filepath.Join(data, "rt")
+	be, err := process.New(process.Options{Dir: rtDir})
+	if err != nil {
+		return err
+	}
+	engineArgs := []string{"--kv-cache-memory", f.kvMemory, "--max-num-seqs", fmt.Sprint(f.maxNumSeqs), "--threads", fmt.Sprint(f.threads),
+		"--cache-dir", filepath.Join(data, "cache")}
+	if f.s3.flags.Changed("endpoint") {
+		engineArgs = append(engineArgs, "--endpoint", f.s3.endpoint)
+	}
+	if f.s3.flags.Changed("region") {
+		engineArgs = append(engineArgs, "--region", f.s3.region)
+	}
+	if f.s3.pathStyle {
+		engineArgs = append(engineArgs, "--path-style")
+	}
+
+	late := &lateController{}
+	act := activator.New(activator.Options{Resolver: late})
+	mgr, err := runtime.New(ctx, runtime.Options{Backend: be, Dir: rtDir, Slots: slots, Warm: f.warm, SleepBudget: sizes["--sleep-budget"],
+		Source: f.bucketURL, WeightArena: sizes["--weight-arena"], EngineArgs: engineArgs, OnEvent: late.onRuntimeEvent})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), f.drain)
+		defer cancel()
+		mgr.Close(cctx)
+	}()
+	ctrl, err := reconcile.New(ctx, reconcile.Options{Store: st, Runtimes: mgr, Router: act, NewDecider: reconcile.NewAutoscaler,
+		ReplicaCapacity: f.maxNumSeqs, Metrics: scaler.NewMetrics(reg), Registerer: reg})
+	if err != nil {
+		return err
+	}
+	late.set(ctrl)
+	if err := deployReady(ctx, st, ctrl); err != nil {
+		return err
+	}
+	w := watch.New(b, st, watch.Options{Interval: f.interval, Quiet: f.quiet, OnRevision: ctrl.OnRevision})
+
+	ln, err := server.Listen(f.listen)
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg}),
+		ReadHeaderTimeout: 10 * time.Second}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go w.Run(runCtx)
+	ctrlDone := make(chan struct{})
+	go func() { ctrl.Run(runCtx); close(ctrlDone) }()
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	slog.Info("stoke serving", "addr", f.listen, "bucket", f.bucketURL, "data", data, "slots", len(slots), "warm", f.warm)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	slog.Info("draining", "timeout", f.drain)
+	dctx, cancel := context.WithTimeout(context.Background(), f.drain)
+	defer cancel()
+	err = hs.Shutdown(dctx)
+	stop()
+	<-ctrlDone
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+// deployReady deploys the latest ready revision of every model the store
+// knows, for models recorded before a deployment existed.
+func deployReady(ctx context.Context, st *store.Store, ctrl *reconcile.Controller) error {
+	models, err := st.Models(ctx)
+	if err != nil {
+		return err
+	}
+	for _, m := range models {
+		if _, err := st.Deployment(ctx, m); err == nil {
+			continue
+		}
+		if r, err := st.LatestReady(ctx, m); err == nil {
+			ctrl.OnRevision(r)
+		}
+	}
+	return nil
+}
+
+// lateController lets the activator and the runtime manager, built before
+// the controller they report to, reach it once it exists.
+type lateController struct{ c *reconcile.Controller }
+
+func (l *lateController) set(c *reconcile.Controller) { l.c = c }
+
+func (l *lateController) Lookup(name string) (string, config.Spec, bool) {
+	if l.c == nil {
+		return "", config.Spec{}, false
+	}
+	return l.c.Lookup(name)
+}
+
+func (l *lateController) Poke(name string) {
+	if l.c != nil {
+		l.c.Poke(name)
+	}
+}
+
+func (l *lateController) onRuntimeEvent(e runtime.Event) {
+	if l.c != nil {
+		go l.c.OnRuntimeEvent(e)
+	}
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/weightstore/bucket/bucketest"
+	"github.com/stokehq/stoke/weightstore/synth"
+)
+
+// startServe runs `stoke serve` as its own process (its runtimes are
+// processes of this test binary too) and returns its base URL.
+func startServe(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", addr}, args...)...)
+	cmd.Env = append(append(os.Environ(), runMainEnv+"=1"), env...)
+	logPath := filepath.Join(t.TempDir(), "serve.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-exited
+			t.Error("stoke serve did not stop on SIGTERM")
+		}
+		if t.Failed() {
+			log, _ := os.ReadFile(logPath)
+			t.Logf("stoke serve's log:\n%s", log)
+		}
+	})
+	base := "http://" + addr
+	waitUntil(t, "stoke serve answers", 30*time.Second, func() bool {
+		resp, err := http.Get(base + "/health")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == http.StatusOK
+	})
+	return base
+}
+
+func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting until %s", limit, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+}
+
+// coldStarts reads stoke_cold_starts_total by tier for a deployment.
+func coldStarts(t *testing.T, base, deployment string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "stoke_cold_starts_total{") || !strings.Contains(line, `deployment="`+deployment+`"`) {
+			continue
+		}
+		i := strings.Index(line, `tier="`)
+		tier := line[i+6 : i+8]
+		var v float64
+		fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+		out[tier] = v
+	}
+	return out
+}
+
+// TestServeEndToEnd pushes a synthetic model to MinIO with `stoke push`,
+// serves the bucket with `stoke serve` and checks the platform's promise:
+// listed within 10 s, the first request with zero replicas streams through
+// the OpenAI SDK without waiting for a runtime start (warm pool of 1),
+// the replica is released after the idle delay, and the next request is
+// served from sleep (t1) or the node cache (t2).
+func TestServeEndToEnd(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "src")
+	if err := synth.Write(context.Background(), src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "stoke.yaml"), []byte("replicas:\n  min: 0\n  max: 2\nwindow: 2s\nidle_delay: 1s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ep, ak, sk := bucketest.StartMinIO(t)
+	bucketest.MakeBucket(t, ep, ak, sk, "models")
+	env := []string{"AWS_ACCESS_KEY_ID=" + ak, "AWS_SECRET_ACCESS_KEY=" + sk, "AWS_ENDPOINT_URL=" + ep, "AWS_REGION=us-east-1"}
+	for _, e := range env {
+		k, v, _ := strings.Cut(e, "=")
+		t.Setenv(k, v)
+	}
+	if out, err := stoke(t, "push", src, "s3://models/tiny", "--path-style"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	base := startServe(t, env, "--data", t.TempDir(), "--bucket", "s3://models", "--path-style", "--watch-interval", "200ms",
+		"--warm", "1", "--slots", "2", "--kv-cache-memory", "16MiB", "--threads", "1")
+
+	listed := time.Now()
+	waitUntil(t, "tiny is listed in /v1/models", 10*time.Second, func() bool {
+		var models struct {
+			Data []struct {
+				ID string `json:"id"`
+			} `json:"data"`
+		}
+		getJSON(t, base+"/v1/models", &models)
+		return len(models.Data) == 1 && models.Data[0].ID == "tiny"
+	})
+	t.Logf("listed %v after serve answered", time.Since(listed))
+
+	client := openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	chat := func() string {
+		t.Helper()
+		stream := client.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
+			Model:     "tiny",
+			Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello there")},
+			MaxTokens: openai.Int(8),
+		}, option.WithJSONSet("ignore_eos", true))
+		var text strings.Builder
+		chunks := 0
+		for stream.Next() {
+			chunks++
+			if c := stream.Current(); len(c.Choices) > 0 {
+				text.WriteString(c.Choices[0].Delta.Content)
+			}
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatalf("streaming chat: %v", err)
+		}
+		if chunks < 2 {
+			t.Fatalf("%d chunks streamed, want several", chunks)
+		}
+		return text.String()
+	}
+	chat()
+	first := coldStarts(t, base, "tiny")
+	if first["t4"] != 0 || first["t3"]+first["t2"] != 1 {
+		t.Fatalf("first request's acquisitions %v: want one from the warm pool (t3 or t2), no runtime start", first)
+	}
+
+	// After the idle delay the replica goes to sleep (or back to blank).
+	waitUntil(t, "the idle replica is released", 90*time.Second, func() bool {
+		var rts struct {
+			Data []struct {
+				State string `json:"state"`
+				Model string `json:"model"`
+			} `json:"data"`
+		}
+		getJSON(t, base+"/admin/runtimes", &rts)
+		for _, r := range rts.Data {
+			if r.State == "ready" {
+				return false
+			}
+		}
+		return true
+	})
+	chat()
+	second := coldStarts(t, base, "tiny")
+	woke := second["t1"] - first["t1"]
+	cached := second["t2"] - first["t2"]
+	if woke+cached != 1 || second["t4"] != 0 || second["t3"] != first["t3"] {
+		t.Fatalf("second request's acquisitions %v (first %v): want one t1 or t2", second, first)
+	}
+
+	// Unknown models are a 404 in the OpenAI shape.
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"model":"nope","prompt":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), "model_not_found") {
+		t.Fatalf("unknown model: %d %s", resp.StatusCode, body)
+	}
+}

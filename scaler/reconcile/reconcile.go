@@ -1,0 +1,392 @@
+// Package reconcile carries out the scaler's decisions: it keeps the
+// deployments (a model name, the revision it serves, its spec) from the
+// state store, asks each deployment's autoscaler how many replicas it
+// wants, acquires and releases replicas through the runtime manager, and
+// publishes the ready ones to the activator's router.
+package reconcile
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stokehq/stoke/internal/config"
+	"github.com/stokehq/stoke/internal/openai"
+	"github.com/stokehq/stoke/internal/store"
+	"github.com/stokehq/stoke/runtime"
+	"github.com/stokehq/stoke/scaler"
+	"github.com/stokehq/stoke/weightstore/manifest"
+)
+
+// Runtimes acquires and releases replicas (the runtime manager).
+type Runtimes interface {
+	Acquire(ctx context.Context, model, revision string) (*runtime.Replica, error)
+	Release(ctx context.Context, id string) error
+}
+
+// Router is where ready replicas serve requests (the activator).
+type Router interface {
+	// AddReplica makes a ready replica of deployment routable.
+	AddReplica(deployment, id, addr string, capacity int)
+	// RemoveReplica stops routing to a replica and returns when its
+	// requests in flight are done (or ctx ends).
+	RemoveReplica(ctx context.Context, deployment, id string)
+	// Concurrency is a deployment's requests in flight plus buffered.
+	Concurrency(deployment string) float64
+}
+
+// Decider decides one deployment's replica count (scaler.Autoscaler).
+type Decider interface {
+	// Record samples the deployment's concurrency.
+	Record(now time.Time, concurrency float64)
+	// Poke makes the next decision see demand at once.
+	Poke(now time.Time)
+	// Decide returns the wanted replicas given the signals.
+	Decide(now time.Time, s scaler.Signals) scaler.Decision
+}
+
+// NewAutoscaler is the Decider of a deployment: the scaler's autoscaler
+// configured from its spec.
+func NewAutoscaler(name string, spec config.Spec) Decider {
+	window := time.Duration(spec.Window)
+	delay := time.Duration(spec.IdleDelay)
+	if delay == 0 {
+		delay = -1 // the scaler's "no delay"
+	}
+	a, err := scaler.NewAutoscaler(scaler.Config{TargetConcurrency: spec.TargetConcurrency, MinReplicas: spec.Replicas.Min,
+		MaxReplicas: spec.Replicas.Max, TTFTSLO: time.Duration(spec.TTFTSLO), ScaleDownDelay: delay,
+		StableWindow: window, PanicWindow: max(window/10, time.Second), Granularity: min(time.Second, window/10)})
+	if err != nil {
+		// The spec was validated; fall back to the defaults all the same.
+		slog.Warn("autoscaler config refused; using the defaults", "deployment", name, "err", err)
+		a, _ = scaler.NewAutoscaler(scaler.DefaultConfig())
+	}
+	return a
+}
+
+// Options configure a Controller.
+type Options struct {
+	Store    *store.Store
+	Runtimes Runtimes
+	Router   Router
+	// NewDecider makes the autoscaler of a deployment with spec.
+	NewDecider func(name string, spec config.Spec) Decider
+	// ReplicaCapacity is how many requests one replica takes at once
+	// (the engine's max-num-seqs).
+	ReplicaCapacity int
+	// Interval is the time between two reconciliations (default 1 s);
+	// Poke reconciles a deployment at once.
+	Interval time.Duration
+	// OnAcquired, when set, sees every acquisition (cold-start reports).
+	OnAcquired func(deployment string, r *runtime.Replica)
+	// Metrics, when set, records every decision.
+	Metrics *scaler.Metrics
+	// Registerer, when set, receives the cold-start series
+	// (stoke_cold_starts_total, stoke_cold_start_seconds).
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Controller reconciles every deployment.
+type Controller struct {
+	opts  Options
+	log   *slog.Logger
+	pokes chan string
+
+	coldStarts       *prometheus.CounterVec
+	coldStartSeconds *prometheus.HistogramVec
+
+	mu   sync.Mutex
+	deps map[string]*deployment
+	wg   sync.WaitGroup
+}
+
+// deployment is the controller's state of one deployment.
+type deployment struct {
+	d        store.Deployment
+	spec     config.Spec
+	decider  Decider
+	replicas map[string]*runtime.Replica
+	pending  int // acquisitions in progress
+	draining int // releases in progress
+	last     scaler.Decision
+}
+
+// New returns a controller over the deployments in opts.Store.
+func New(ctx context.Context, opts Options) (*Controller, error) {
+	if opts.Interval <= 0 {
+		opts.Interval = time.Second
+	}
+	if opts.ReplicaCapacity <= 0 {
+		opts.ReplicaCapacity = 256
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	c := &Controller{opts: opts, log: opts.Logger.With("component", "reconcile"), pokes: make(chan string, 1024), deps: map[string]*deployment{},
+		coldStarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_cold_starts_total",
+			Help: "Replicas acquired, by deployment and tier (t1 wake, t2 node cache, t3 bucket, t4 runtime start)."}, []string{"deployment", "tier"}),
+		coldStartSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "stoke_cold_start_seconds",
+			Help:    "Time to acquire a ready replica, by tier.",
+			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60}}, []string{"tier"}),
+	}
+	if opts.Registerer != nil {
+		if err := errors.Join(opts.Registerer.Register(c.coldStarts), opts.Registerer.Register(c.coldStartSeconds)); err != nil {
+			return nil, fmt.Errorf("register cold-start metrics: %w", err)
+		}
+	}
+	ds, err := opts.Store.Deployments(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load deployments: %w", err)
+	}
+	for _, d := range ds {
+		if err := c.set(d); err != nil {
+			c.log.Warn("skipping a deployment with a bad spec", "deployment", d.Name, "err", err)
+		}
+	}
+	return c, nil
+}
+
+// set installs or updates the in-memory deployment d.
+func (c *Controller) set(d store.Deployment) error {
+	spec, err := config.Parse(d.Spec)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	dep, ok := c.deps[d.Name]
+	if !ok || dep.spec != spec {
+		nd := &deployment{d: d, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{}}
+		if ok {
+			nd.replicas, nd.pending, nd.draining, nd.last = dep.replicas, dep.pending, dep.draining, dep.last
+		}
+		c.deps[d.Name] = nd
+		return nil
+	}
+	dep.d = d
+	return nil
+}
+
+// OnRevision records a revision the watcher validated: a ready one
+// becomes what its model's deployment serves, with the spec pushed beside
+// it (or the deployment's current one, or the defaults).
+func (c *Controller) OnRevision(r store.Revision) {
+	if r.State != store.RevisionReady {
+		return
+	}
+	ctx := context.Background()
+	spec := json.RawMessage("{}")
+	if cur, err := c.opts.Store.Deployment(ctx, r.Model); err == nil {
+		spec = cur.Spec
+	}
+	if m, err := manifest.Parse(r.Manifest); err == nil && len(m.Spec) > 0 {
+		spec = m.Spec
+	}
+	if _, err := config.Parse(spec); err != nil {
+		c.log.Warn("the pushed stoke.yaml is invalid; keeping the defaults", "model", r.Model, "err", err)
+		spec = json.RawMessage("{}")
+	}
+	d := store.Deployment{Name: r.Model, Revision: r.Digest, Spec: spec}
+	if err := c.opts.Store.PutDeployment(ctx, d); err != nil {
+		c.log.Error("record deployment", "deployment", d.Name, "err", err)
+		return
+	}
+	d.UpdatedAt = time.Now()
+	if err := c.set(d); err != nil {
+		c.log.Error("deploy", "deployment", d.Name, "err", err)
+		return
+	}
+	c.log.Info("deployment serves a new revision", "deployment", d.Name, "revision", d.Revision)
+}
+
+// Lookup resolves a model name to its deployment's revision and spec.
+func (c *Controller) Lookup(name string) (revision string, spec config.Spec, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.deps[name]
+	if !ok {
+		return "", config.Spec{}, false
+	}
+	return d.d.Revision, d.spec, true
+}
+
+// Poke makes the controller reconcile a deployment now, as when a request
+// waits for a replica.
+func (c *Controller) Poke(name string) {
+	c.mu.Lock()
+	if d, ok := c.deps[name]; ok {
+		d.decider.Poke(time.Now())
+	}
+	c.mu.Unlock()
+	select {
+	case c.pokes <- name:
+	default:
+	}
+}
+
+// Deployments implements api.Deployments.
+func (c *Controller) Deployments(ctx context.Context) ([]store.Deployment, error) {
+	return c.opts.Store.Deployments(ctx)
+}
+
+// Deployment implements api.Deployments.
+func (c *Controller) Deployment(ctx context.Context, name string) (store.Deployment, error) {
+	return c.opts.Store.Deployment(ctx, name)
+}
+
+// UpdateSpec implements api.Deployments.
+func (c *Controller) UpdateSpec(ctx context.Context, name string, raw json.RawMessage) (store.Deployment, error) {
+	d, err := c.opts.Store.Deployment(ctx, name)
+	if err != nil {
+		return store.Deployment{}, err
+	}
+	if _, err := config.Parse(raw); err != nil {
+		return store.Deployment{}, openai.InvalidRequest("spec", "%v", err)
+	}
+	d.Spec = raw
+	if err := c.opts.Store.PutDeployment(ctx, d); err != nil {
+		return store.Deployment{}, err
+	}
+	d.UpdatedAt = time.Now()
+	return d, c.set(d)
+}
+
+// OnRuntimeEvent drops a replica whose runtime is gone; the next
+// reconciliation replaces it.
+func (c *Controller) OnRuntimeEvent(e runtime.Event) {
+	if e.State != runtime.StateGone {
+		return
+	}
+	c.mu.Lock()
+	var dep string
+	for name, d := range c.deps {
+		if _, ok := d.replicas[e.Runtime]; ok {
+			delete(d.replicas, e.Runtime)
+			dep = name
+		}
+	}
+	c.mu.Unlock()
+	if dep != "" {
+		c.log.Warn("replica gone", "deployment", dep, "runtime", e.Runtime, "reason", e.Reason)
+		c.opts.Router.RemoveReplica(context.Background(), dep, e.Runtime)
+		c.Poke(dep)
+	}
+}
+
+// Run reconciles until ctx ends, then waits for acquisitions and releases
+// in progress.
+func (c *Controller) Run(ctx context.Context) {
+	t := time.NewTicker(c.opts.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			c.wg.Wait()
+			return
+		case name := <-c.pokes:
+			c.reconcile(ctx, name)
+		case <-t.C:
+			c.mu.Lock()
+			names := make([]string, 0, len(c.deps))
+			for name := range c.deps {
+				names = append(names, name)
+			}
+			c.mu.Unlock()
+			for _, name := range names {
+				c.reconcile(ctx, name)
+			}
+		}
+	}
+}
+
+// reconcile moves one deployment toward its autoscaler's decision.
+func (c *Controller) reconcile(ctx context.Context, name string) {
+	now := time.Now()
+	c.mu.Lock()
+	d, ok := c.deps[name]
+	if !ok {
+		c.mu.Unlock()
+		return
+	}
+	d.decider.Record(now, c.opts.Router.Concurrency(name))
+	ready := len(d.replicas)
+	dec := d.decider.Decide(now, scaler.Signals{Ready: ready})
+	if c.opts.Metrics != nil {
+		c.opts.Metrics.Observe(name, dec)
+	}
+	if dec.Desired != d.last.Desired {
+		c.log.Info("scaling", "deployment", name, "from", d.last.Desired, "to", dec.Desired, "ready", ready, "reason", dec.Reason)
+	}
+	d.last = dec
+	var start int
+	var release []string
+	switch have := ready + d.pending - d.draining; {
+	case dec.Desired > have:
+		start = dec.Desired - have
+		d.pending += start
+	case dec.Desired < ready-d.draining:
+		ids := make([]string, 0, len(d.replicas))
+		for id := range d.replicas {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		release = ids[:ready-d.draining-dec.Desired]
+		d.draining += len(release)
+	}
+	revision := d.d.Revision
+	c.mu.Unlock()
+	for range start {
+		c.wg.Add(1)
+		go c.acquire(ctx, name, revision)
+	}
+	for _, id := range release {
+		c.wg.Add(1)
+		go c.release(ctx, name, id)
+	}
+}
+
+func (c *Controller) acquire(ctx context.Context, name, revision string) {
+	defer c.wg.Done()
+	rep, err := c.opts.Runtimes.Acquire(ctx, name, revision)
+	c.mu.Lock()
+	d := c.deps[name]
+	d.pending--
+	if err == nil {
+		d.replicas[rep.ID] = rep
+	}
+	c.mu.Unlock()
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			c.log.Warn("acquire a replica", "deployment", name, "err", err)
+		}
+		return
+	}
+	c.coldStarts.WithLabelValues(name, string(rep.Tier)).Inc()
+	c.coldStartSeconds.WithLabelValues(string(rep.Tier)).Observe(rep.Breakdown.Total.Seconds())
+	c.log.Info("replica ready", "deployment", name, "runtime", rep.ID, "tier", rep.Tier, "seconds", rep.Breakdown.Total.Seconds())
+	c.opts.Router.AddReplica(name, rep.ID, "unix://"+rep.Socket, c.opts.ReplicaCapacity)
+	if c.opts.OnAcquired != nil {
+		c.opts.OnAcquired(name, rep)
+	}
+}
+
+func (c *Controller) release(ctx context.Context, name, id string) {
+	defer c.wg.Done()
+	c.opts.Router.RemoveReplica(ctx, name, id)
+	c.mu.Lock()
+	d := c.deps[name]
+	delete(d.replicas, id)
+	d.draining--
+	c.mu.Unlock()
+	if err := c.opts.Runtimes.Release(ctx, id); err != nil {
+		c.log.Warn("release a replica", "deployment", name, "runtime", id, "err", err)
+	}
+}
