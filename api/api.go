@@ -60,8 +60,12 @@ func New(o Options) http.Handler {
 	r := gin.New()
 	r.Use(gin.Recovery(), requestID())
 	r.Use(o.Middleware...)
-	r.NoRoute(func(c *gin.Context) { writeError(c, openai.NotFound("no route %s %s", c.Request.Method, c.Request.URL.Path)) })
-	r.NoMethod(func(c *gin.Context) { writeError(c, openai.NotFound("no route %s %s", c.Request.Method, c.Request.URL.Path)) })
+	r.NoRoute(func(c *gin.Context) {
+		writeError(c, openai.NotFound("no route %s %s", c.Request.Method, c.Request.URL.Path))
+	})
+	r.NoMethod(func(c *gin.Context) {
+		writeError(c, openai.NotFound("no route %s %s", c.Request.Method, c.Request.URL.Path))
+	})
 	r.HandleMethodNotAllowed = true
 
 	inference := gin.WrapH(o.Inference)
