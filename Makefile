@@ -16,6 +16,7 @@ build:
 BUCKET  := $(DATA)/bucket
 run: build
 	@test -f $(DEMO)/config.json || $(BIN) model synth --preset small --out $(DEMO) --seed 1
+	@mkdir -p $(BUCKET)
 	@test -f $(BUCKET)/demo/manifest.json || $(BIN) push $(DEMO) file://$(CURDIR)/$(BUCKET)/demo
 	@echo 'stoke: try  curl -s localhost:8080/v1/chat/completions -d '"'"'{"model":"demo","messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":32}'"'"
 	$(BIN) serve --data $(DATA)
