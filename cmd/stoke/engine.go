@@ -69,8 +69,8 @@ func runEngine(ctx context.Context, f engineFlags) error {
 			modes++
 		}
 	}
-	if modes != 1 {
-		return errors.New("give exactly one of --model DIR, --blank and --sim")
+	if modes != 1 && !(modes == 2 && f.blank && f.sim) {
+		return errors.New("give exactly one of --model DIR, --blank and --sim (or --blank --sim: a sim engine that loads on demand)")
 	}
 	kvBytes, err := parseSize(f.kvMemory)
 	if err != nil || kvBytes <= 0 {
@@ -85,7 +85,10 @@ func runEngine(ctx context.Context, f engineFlags) error {
 	path := f.model
 	var ld server.Loader
 	if f.sim {
-		ld, path = server.SimLoader(f.engineOptions()), f.simProfile
+		ld = server.SimLoader(f.engineOptions(), f.simProfile)
+		if !f.blank {
+			path = f.simProfile
+		}
 	} else {
 		cache, closeCache, err := f.cache.open(ctx)
 		if err != nil {

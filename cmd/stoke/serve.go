@@ -29,6 +29,7 @@ import (
 
 type serveFlags struct {
 	listen, data, bucketURL, sleepBudget, weightArena, kvMemory string
+	simProfile                                                  string
 	slots, warm, maxNumSeqs, threads                            int
 	interval, quiet, drain                                      time.Duration
 	s3                                                          *s3Flags
@@ -61,6 +62,7 @@ API. With no flags it listens on 127.0.0.1:8080 and keeps everything under
 	fl.DurationVar(&f.interval, "watch-interval", watch.DefaultInterval, "time between two scans of the bucket")
 	fl.DurationVar(&f.quiet, "quiet", watch.DefaultQuiet, "how long a plain upload must stay unchanged before it is deployed")
 	fl.DurationVar(&f.drain, "drain-timeout", 30*time.Second, "how long SIGTERM waits for requests in flight")
+	fl.StringVar(&f.simProfile, "sim-profile", "", "run sim engines with this latency profile instead of computing (every model is served by it)")
 	f.s3 = addS3Flags(fl)
 	return cmd
 }
@@ -108,6 +110,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	engineArgs := []string{"--kv-cache-memory", f.kvMemory, "--max-num-seqs", fmt.Sprint(f.maxNumSeqs), "--threads", fmt.Sprint(f.threads),
 		"--cache-dir", filepath.Join(data, "cache")}
+	if f.simProfile != "" {
+		engineArgs = append(engineArgs, "--sim", "--sim-profile", f.simProfile)
+	}
 	if f.s3.flags.Changed("endpoint") {
 		engineArgs = append(engineArgs, "--endpoint", f.s3.endpoint)
 	}

@@ -224,3 +224,125 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("unknown model: %d %s", resp.StatusCode, body)
 	}
 }
+
+// metricValue reads the first sample of a metric whose line starts with
+// prefix from /metrics.
+func metricValue(t *testing.T, base, prefix string) float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, prefix) {
+			var v float64
+			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			return v
+		}
+	}
+	return 0
+}
+
+// readyReplicas counts the ready runtimes serving model.
+func readyReplicas(t *testing.T, base, model string) int {
+	var rts struct {
+		Data []struct {
+			State string `json:"state"`
+			Model string `json:"model"`
+		} `json:"data"`
+	}
+	getJSON(t, base+"/admin/runtimes", &rts)
+	n := 0
+	for _, r := range rts.Data {
+		if r.State == "ready" && r.Model == model {
+			n++
+		}
+	}
+	return n
+}
+
+// TestServeScalesThroughPanic steps a deployment of sim engines (target
+// concurrency 8) from 1 to 40 concurrent streams: the scaler panics, at
+// least 5 replicas become ready, and after the load stops and the window
+// passes the deployment scales back down.
+func TestServeScalesThroughPanic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("scales a deployment up and down: seconds of load")
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	if err := synth.Write(context.Background(), src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	spec := "replicas:\n  min: 0\n  max: 6\ntarget_concurrency: 8\nwindow: 6s\nidle_delay: 1s\n"
+	if err := os.WriteFile(filepath.Join(src, "stoke.yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bucketDir := t.TempDir()
+	if out, err := stoke(t, "push", src, "file://"+bucketDir+"/chat"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	base := startServe(t, nil, "--data", t.TempDir(), "--bucket", "file://"+bucketDir, "--watch-interval", "100ms",
+		"--warm", "1", "--slots", "6", "--sim-profile", "llama-3.1-8b-fp8-h100")
+	waitUntil(t, "chat is deployed", 10*time.Second, func() bool {
+		resp, err := http.Get(base + "/admin/deployments/chat")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == http.StatusOK
+	})
+	stream := func(ctx context.Context) error {
+		body := `{"model":"chat","prompt":"hello","max_tokens":400,"ignore_eos":true,"stream":true}`
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(resp.Body)
+			return fmt.Errorf("%d %s", resp.StatusCode, b)
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// One stream, then forty, each replaced as it ends until the peak.
+	errs := make(chan error, 100)
+	load := func(n int) {
+		for range n {
+			go func() {
+				for ctx.Err() == nil {
+					if err := stream(ctx); err != nil && ctx.Err() == nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+	}
+	load(1)
+	waitUntil(t, "one replica serves", 30*time.Second, func() bool { return readyReplicas(t, base, "chat") >= 1 })
+	load(39)
+	panicked := false
+	peak := 0
+	waitUntil(t, "at least 5 ready replicas", 60*time.Second, func() bool {
+		panicked = panicked || metricValue(t, base, `stoke_scaler_panic{deployment="chat"}`) == 1
+		peak = max(peak, readyReplicas(t, base, "chat"))
+		return peak >= 5
+	})
+	waitUntil(t, "the scaler reports panic mode", 10*time.Second, func() bool {
+		panicked = panicked || metricValue(t, base, `stoke_scaler_panic{deployment="chat"}`) == 1
+		return panicked
+	})
+	cancel()
+	select {
+	case err := <-errs:
+		t.Fatalf("a stream failed under load: %v", err)
+	default:
+	}
+	waitUntil(t, "the deployment scales back down", 90*time.Second, func() bool { return readyReplicas(t, base, "chat") == 0 })
+	t.Logf("peak %d ready replicas", peak)
+}

@@ -33,13 +33,25 @@ func (o EngineOptions) SchedFor(maxModelLen int) sched.Config {
 
 // SimLoader serves latency profiles (an embedded name or a file) instead
 // of models: the sim engine, with a synthetic tokenizer of the profile's
-// vocabulary.
-func SimLoader(o EngineOptions) Loader {
-	return func(ctx context.Context, req LoadRequest, _ func(LoadProgress)) (*Loaded, error) {
-		if req.Path == "" {
-			return nil, openai.InvalidRequest("path", "the sim engine loads latency profiles by path, not bucket sources")
+// vocabulary. A load by path names the profile; a load of a bucket model
+// serves defaultProfile under the model's name, so a platform of sim
+// runtimes deploys any pushed model ("" refuses bucket loads).
+func SimLoader(o EngineOptions, defaultProfile string) Loader {
+	return func(ctx context.Context, req LoadRequest, progress func(LoadProgress)) (*Loaded, error) {
+		profile, served := req.Path, req.ServedModelName
+		if profile == "" {
+			if defaultProfile == "" || req.Model == "" {
+				return nil, openai.InvalidRequest("path", "the sim engine loads latency profiles by path")
+			}
+			profile = defaultProfile
+			if served == "" {
+				served = req.Model
+			}
 		}
-		p, err := sim.LoadProfile(req.Path)
+		if progress != nil {
+			progress(LoadProgress{Tier: "sim", Revision: req.Revision})
+		}
+		p, err := sim.LoadProfile(profile)
 		if err != nil {
 			return nil, err
 		}
@@ -53,7 +65,9 @@ func SimLoader(o EngineOptions) Loader {
 		}
 		ec := core.Config{Sched: o.SchedFor(p.MaxModelLen), EOS: tok.EOS()}
 		ec.Sched.MaxNumSeqs = min(ec.Sched.MaxNumSeqs, p.MaxNumSeqs)
-		served := o.ServedName
+		if served == "" {
+			served = o.ServedName
+		}
 		if served == "" {
 			served = p.Model
 		}
