@@ -16,7 +16,7 @@ import (
 const stories = "../../../shared/models/stories260K"
 
 // stoke runs the CLI in-process and returns its standard output.
-func stoke(t *testing.T, args ...string) (string, error) {
+func stoke(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
 	cmd := newRootCmd()

@@ -26,7 +26,7 @@ import (
 
 // startServe runs `stoke serve` as its own process (its runtimes are
 // processes of this test binary too) and returns its base URL.
-func startServe(t *testing.T, env []string, args ...string) string {
+func startServe(t testing.TB, env []string, args ...string) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -73,7 +73,7 @@ func startServe(t *testing.T, env []string, args ...string) string {
 	return base
 }
 
-func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool) {
+func waitUntil(t testing.TB, what string, limit time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for !cond() {
@@ -84,7 +84,7 @@ func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool)
 	}
 }
 
-func getJSON(t *testing.T, url string, v any) {
+func getJSON(t testing.TB, url string, v any) {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -246,7 +246,7 @@ func metricValue(t *testing.T, base, prefix string) float64 {
 }
 
 // readyReplicas counts the ready runtimes serving model.
-func readyReplicas(t *testing.T, base, model string) int {
+func readyReplicas(t testing.TB, base, model string) int {
 	var rts struct {
 		Data []struct {
 			State string `json:"state"`
