@@ -40,6 +40,9 @@ type Options struct {
 	// Retries is how many other replicas a request that failed before
 	// its first byte tries (default 2).
 	Retries int
+	// LeastInFlight turns prefix affinity off: replicas are picked by
+	// least in-flight alone (two random choices).
+	LeastInFlight bool
 	Logger  *slog.Logger
 }
 
@@ -90,7 +93,7 @@ func (a *Activator) routeFor(name string, spec config.Spec) *route {
 	if r, ok = a.deps[name]; !ok {
 		r = &route{addrs: map[string]string{}}
 		r.buffer = NewBufferWithOptions(BufferOptions{Capacity: spec.Buffer.Capacity, OnQueued: func() { a.opts.Resolver.Poke(name) }})
-		r.pool = NewPool(PoolOptions{OnFree: func(n int) { r.buffer.Notify(n) }})
+		r.pool = NewPool(PoolOptions{OnFree: func(n int) { r.buffer.Notify(n) }, Prefix: PrefixOptions{Disabled: a.opts.LeastInFlight}})
 		a.deps[name] = r
 	}
 	return r

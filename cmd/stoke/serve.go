@@ -29,7 +29,7 @@ import (
 
 type serveFlags struct {
 	listen, data, bucketURL, sleepBudget, weightArena, kvMemory string
-	simProfile                                                  string
+	simProfile, routing                                         string
 	slots, warm, maxNumSeqs, threads                            int
 	interval, quiet, drain                                      time.Duration
 	s3                                                          *s3Flags
@@ -62,6 +62,7 @@ API. With no flags it listens on 127.0.0.1:8080 and keeps everything under
 	fl.DurationVar(&f.interval, "watch-interval", watch.DefaultInterval, "time between two scans of the bucket")
 	fl.DurationVar(&f.quiet, "quiet", watch.DefaultQuiet, "how long a plain upload must stay unchanged before it is deployed")
 	fl.DurationVar(&f.drain, "drain-timeout", 30*time.Second, "how long SIGTERM waits for requests in flight")
+	fl.StringVar(&f.routing, "routing", "prefix", "how replicas are picked: prefix (prefix affinity bounded by load) or least-inflight")
 	fl.StringVar(&f.simProfile, "sim-profile", "", "run sim engines with this latency profile instead of computing (every model is served by it)")
 	f.s3 = addS3Flags(fl)
 	return cmd
@@ -123,8 +124,11 @@ func runServe(ctx context.Context, f serveFlags) error {
 		engineArgs = append(engineArgs, "--path-style")
 	}
 
+	if f.routing != "prefix" && f.routing != "least-inflight" {
+		return fmt.Errorf("--routing: %q is not prefix or least-inflight", f.routing)
+	}
 	late := &lateController{}
-	act := activator.New(activator.Options{Resolver: late})
+	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight"})
 	mgr, err := runtime.New(ctx, runtime.Options{Backend: be, Dir: rtDir, Slots: slots, Warm: f.warm, SleepBudget: sizes["--sleep-budget"],
 		Source: f.bucketURL, WeightArena: sizes["--weight-arena"], EngineArgs: engineArgs, OnEvent: late.onRuntimeEvent})
 	if err != nil {

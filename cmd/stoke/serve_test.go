@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -345,4 +346,105 @@ func TestServeScalesThroughPanic(t *testing.T) {
 	}
 	waitUntil(t, "the deployment scales back down", 90*time.Second, func() bool { return readyReplicas(t, base, "chat") == 0 })
 	t.Logf("peak %d ready replicas", peak)
+}
+
+// prefixHitRate sums vllm:prefix_cache_hits and _queries over the engines
+// serving model and returns hits/queries.
+func prefixHitRate(t *testing.T, base, model string) float64 {
+	t.Helper()
+	var rts struct {
+		Data []struct {
+			Socket string `json:"socket"`
+			Model  string `json:"model"`
+		} `json:"data"`
+	}
+	getJSON(t, base+"/admin/runtimes", &rts)
+	var hits, queries float64
+	for _, r := range rts.Data {
+		if r.Model != model {
+			continue
+		}
+		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", r.Socket)
+		}}}
+		resp, err := c.Get("http://engine/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line := sc.Text()
+			var v float64
+			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			switch {
+			case strings.HasPrefix(line, "vllm:prefix_cache_hits"):
+				hits += v
+			case strings.HasPrefix(line, "vllm:prefix_cache_queries"):
+				queries += v
+			}
+		}
+		resp.Body.Close()
+	}
+	if queries == 0 {
+		t.Fatal("no prefix cache lookups on the engines")
+	}
+	return hits / queries
+}
+
+// TestServePrefixAffinity sends a shared-prefix workload over 4 sim
+// replicas with prefix-affinity routing and with least-in-flight alone,
+// and checks affinity gets the higher prefix-cache hit rate (read from the
+// engines' own metrics).
+func TestServePrefixAffinity(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two platforms of 4 sim replicas")
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	if err := synth.Write(context.Background(), src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "stoke.yaml"), []byte("replicas:\n  min: 4\n  max: 4\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bucketDir := t.TempDir()
+	if out, err := stoke(t, "push", src, "file://"+bucketDir+"/chat"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	prefixes := make([]string, 16)
+	for i := range prefixes {
+		prefixes[i] = strings.Repeat(fmt.Sprintf("system prompt %d says: be helpful and brief. ", i), 24)
+	}
+	rates := map[string]float64{}
+	for _, routing := range []string{"prefix", "least-inflight"} {
+		base := startServe(t, nil, "--data", t.TempDir(), "--bucket", "file://"+bucketDir, "--watch-interval", "100ms",
+			"--warm", "0", "--slots", "4", "--sim-profile", "llama-3.1-8b-fp8-h100", "--routing", routing)
+		waitUntil(t, "4 ready replicas", 30*time.Second, func() bool { return readyReplicas(t, base, "chat") == 4 })
+		sem := make(chan struct{}, 16)
+		var wg sync.WaitGroup
+		for i := range 320 {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				body, _ := json.Marshal(map[string]any{"model": "chat", "prompt": prefixes[i%len(prefixes)] + fmt.Sprintf("question %d?", i), "max_tokens": 1})
+				resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(string(body)))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("status %d", resp.StatusCode)
+				}
+			}()
+		}
+		wg.Wait()
+		rates[routing] = prefixHitRate(t, base, "chat")
+	}
+	t.Logf("prefix-cache hit rate: prefix affinity %.3f, least in-flight %.3f", rates["prefix"], rates["least-inflight"])
+	if rates["prefix"] <= rates["least-inflight"] {
+		t.Fatalf("prefix affinity's hit rate %.3f is not above least in-flight's %.3f", rates["prefix"], rates["least-inflight"])
+	}
 }
