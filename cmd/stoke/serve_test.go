@@ -448,3 +448,112 @@ func TestServePrefixAffinity(t *testing.T) {
 		t.Fatalf("prefix affinity's hit rate %.3f is not above least in-flight's %.3f", rates["prefix"], rates["least-inflight"])
 	}
 }
+
+// TestServeReplicaKilledMidStream kills the runtime serving a stream: the
+// stream ends with an error event, new requests go to the other replica,
+// and the killed one is replaced.
+func TestServeReplicaKilledMidStream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills a replica under a stream")
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	if err := synth.Write(context.Background(), src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "stoke.yaml"), []byte("replicas:\n  min: 2\n  max: 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bucketDir := t.TempDir()
+	if out, err := stoke(t, "push", src, "file://"+bucketDir+"/chat"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	base := startServe(t, nil, "--data", t.TempDir(), "--bucket", "file://"+bucketDir, "--watch-interval", "100ms",
+		"--warm", "0", "--slots", "3", "--sim-profile", "llama-3.1-8b-fp8-h100")
+	waitUntil(t, "2 ready replicas", 30*time.Second, func() bool { return readyReplicas(t, base, "chat") == 2 })
+
+	resp, err := http.Post(base+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"chat","prompt":"hello","max_tokens":100000,"ignore_eos":true,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	events := bufio.NewScanner(resp.Body)
+	for i := 0; i < 3 && events.Scan(); i++ { // the stream is flowing
+	}
+	// Find the engine running it and SIGKILL it.
+	var rts struct {
+		Data []struct {
+			ID, Socket string
+		} `json:"data"`
+	}
+	getJSON(t, base+"/admin/runtimes", &rts)
+	killed := ""
+	for _, r := range rts.Data {
+		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", r.Socket)
+		}}}
+		var st struct {
+			Running int `json:"running"`
+		}
+		sresp, err := c.Get("http://engine/admin/state")
+		if err != nil {
+			t.Fatal(err)
+		}
+		json.NewDecoder(sresp.Body).Decode(&st)
+		sresp.Body.Close()
+		if st.Running == 1 {
+			var pid int
+			fmt.Sscan(pidBySocket(r.Socket), &pid)
+			if pid <= 0 {
+				t.Fatalf("no pid for %s", r.Socket)
+			}
+			syscall.Kill(pid, syscall.SIGKILL)
+			killed = r.ID
+		}
+	}
+	if killed == "" {
+		t.Fatal("no engine runs the stream")
+	}
+	sawError := false
+	for events.Scan() {
+		if strings.Contains(events.Text(), `"error"`) {
+			sawError = true
+		}
+	}
+	if !sawError {
+		t.Fatal("the broken stream ended without an error event")
+	}
+	// New requests are served meanwhile, and the replica is replaced.
+	for range 5 {
+		r, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"model":"chat","prompt":"hi","max_tokens":2}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+		if r.StatusCode != http.StatusOK {
+			t.Fatalf("request after the kill: %d", r.StatusCode)
+		}
+	}
+	waitUntil(t, "the killed replica is replaced", 30*time.Second, func() bool {
+		getJSON(t, base+"/admin/runtimes", &rts)
+		for _, r := range rts.Data {
+			if r.ID == killed {
+				return false
+			}
+		}
+		return readyReplicas(t, base, "chat") == 2
+	})
+}
+
+// pidBySocket finds the process whose command line names socket.
+func pidBySocket(socket string) string {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), "unix://"+socket) {
+			return e.Name()
+		}
+	}
+	return ""
+}
