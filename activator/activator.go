@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
 )
@@ -43,14 +45,17 @@ type Options struct {
 	// LeastInFlight turns prefix affinity off: replicas are picked by
 	// least in-flight alone (two random choices).
 	LeastInFlight bool
+	// Registerer, when set, receives the activator's stoke_* series.
+	Registerer prometheus.Registerer
 	Logger  *slog.Logger
 }
 
 // Activator routes requests to the replicas of deployments.
 type Activator struct {
-	opts Options
-	log  *slog.Logger
-	tr   Transports
+	opts    Options
+	log     *slog.Logger
+	tr      Transports
+	metrics *Metrics
 
 	mu   sync.RWMutex
 	deps map[string]*route
@@ -60,6 +65,7 @@ type Activator struct {
 type route struct {
 	pool     *Pool
 	buffer   *Buffer
+	ttft     latencies
 	mu       sync.RWMutex
 	addrs    map[string]string // replica id → engine address
 	inflight atomic.Int64
@@ -77,7 +83,21 @@ func New(opts Options) *Activator {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Activator{opts: opts, log: opts.Logger.With("component", "activator"), deps: map[string]*route{}}
+	a := &Activator{opts: opts, log: opts.Logger.With("component", "activator"), deps: map[string]*route{}, metrics: NewMetrics(opts.Registerer)}
+	a.metrics.registerGauges(opts.Registerer, a)
+	return a
+}
+
+// TTFTp90 is the 90th percentile time to first token of a deployment's
+// recent requests, as the activator sees it (0 when unknown).
+func (a *Activator) TTFTp90(deployment string) time.Duration {
+	a.mu.RLock()
+	r, ok := a.deps[deployment]
+	a.mu.RUnlock()
+	if !ok {
+		return 0
+	}
+	return r.ttft.p90()
 }
 
 // routeFor returns a deployment's routing state, creating it.
@@ -155,24 +175,39 @@ type inferenceRequest struct {
 
 // ServeHTTP serves /v1/completions and /v1/chat/completions.
 func (a *Activator) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	start := time.Now()
+	rec := &recorder{ResponseWriter: w}
+	model, r := a.serve(rec, req)
+	// The scaler's TTFT signal is the replicas' own: requests that waited
+	// for one (a cold start) would only ask for more.
+	if r != nil && rec.status == http.StatusOK && !rec.first.IsZero() && !rec.queued {
+		r.ttft.add(rec.first.Sub(start))
+	}
+	a.metrics.observe(model, rec, start)
+}
+
+// serve answers one request and returns its deployment's name and route
+// (empty and nil when the model is unknown).
+func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
+	w := http.ResponseWriter(rec)
 	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, a.opts.MaxBodyBytes))
 	if err != nil {
 		writeError(w, openai.BodyTooLarge(a.opts.MaxBodyBytes), 0)
-		return
+		return "", nil
 	}
 	var ir inferenceRequest
 	if e := openai.Decode(body, &ir); e != nil {
 		writeError(w, e, 0)
-		return
+		return "", nil
 	}
 	if ir.Model == "" {
 		writeError(w, openai.InvalidRequest("model", "model is required"), 0)
-		return
+		return "", nil
 	}
 	_, spec, ok := a.opts.Resolver.Lookup(ir.Model)
 	if !ok {
 		writeError(w, openai.ModelNotFound(ir.Model), 0)
-		return
+		return "", nil
 	}
 	r := a.routeFor(ir.Model, spec)
 	key := ir.Prompt
@@ -186,24 +221,27 @@ func (a *Activator) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		var id string
 		var release ReleaseFunc
 		r.waiting.Add(1)
-		_, err := r.buffer.Acquire(ctx, ir.Priority, deadline, func() bool {
+		ticket, err := r.buffer.Acquire(ctx, ir.Priority, deadline, func() bool {
 			var ok bool
 			id, release, ok = r.pool.Pick(key)
 			return ok
 		})
 		r.waiting.Add(-1)
+		if ticket.Queued {
+			rec.queued = true
+		}
 		if err != nil {
 			switch {
 			case errors.Is(err, ErrBufferFull):
 				writeError(w, &openai.Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "buffer_full",
 					Message: "model " + ir.Model + " has too many requests waiting for a replica; retry shortly"}, 1)
-				return
+				return ir.Model, r
 			case errors.Is(err, ErrDeadline):
 				writeError(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "no_replica",
 					Message: "no replica of " + ir.Model + " became available in time; retry shortly"}, 5)
-				return
+				return ir.Model, r
 			}
-			return // the client went away
+			return ir.Model, r // the client went away
 		}
 		r.mu.RLock()
 		addr := r.addrs[id]
@@ -220,13 +258,13 @@ func (a *Activator) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			if err != nil && ctx.Err() == nil {
 				a.log.Warn("request failed mid-stream", "model", ir.Model, "replica", id, "err", err)
 			}
-			return
+			return ir.Model, r
 		}
 		tried++
 		a.log.Warn("replica failed before the first byte; retrying elsewhere", "model", ir.Model, "replica", id, "err", err)
 		if tried > a.opts.Retries {
 			writeError(w, openai.Unavailable("every replica tried for %s failed: %v", ir.Model, err), 1)
-			return
+			return ir.Model, r
 		}
 	}
 }

@@ -128,7 +128,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 		return fmt.Errorf("--routing: %q is not prefix or least-inflight", f.routing)
 	}
 	late := &lateController{}
-	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight"})
+	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg})
 	mgr, err := runtime.New(ctx, runtime.Options{Backend: be, Dir: rtDir, Slots: slots, Warm: f.warm, SleepBudget: sizes["--sleep-budget"],
 		Source: f.bucketURL, WeightArena: sizes["--weight-arena"], EngineArgs: engineArgs, OnEvent: late.onRuntimeEvent})
 	if err != nil {

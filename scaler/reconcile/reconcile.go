@@ -40,6 +40,9 @@ type Router interface {
 	RemoveReplica(ctx context.Context, deployment, id string)
 	// Concurrency is a deployment's requests in flight plus buffered.
 	Concurrency(deployment string) float64
+	// TTFTp90 is the p90 time to first token of its recent requests (0
+	// when unknown).
+	TTFTp90(deployment string) time.Duration
 }
 
 // Decider decides one deployment's replica count (scaler.Autoscaler).
@@ -114,6 +117,7 @@ type deployment struct {
 	spec     config.Spec
 	decider  Decider
 	replicas map[string]*runtime.Replica
+	clients  map[string]*runtime.EngineClient
 	pending  int // acquisitions in progress
 	draining int // releases in progress
 	last     scaler.Decision
@@ -164,9 +168,10 @@ func (c *Controller) set(d store.Deployment) error {
 	defer c.mu.Unlock()
 	dep, ok := c.deps[d.Name]
 	if !ok || dep.spec != spec {
-		nd := &deployment{d: d, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{}}
+		nd := &deployment{d: d, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{},
+			clients: map[string]*runtime.EngineClient{}}
 		if ok {
-			nd.replicas, nd.pending, nd.draining, nd.last = dep.replicas, dep.pending, dep.draining, dep.last
+			nd.replicas, nd.clients, nd.pending, nd.draining, nd.last = dep.replicas, dep.clients, dep.pending, dep.draining, dep.last
 		}
 		c.deps[d.Name] = nd
 		return nil
@@ -270,6 +275,10 @@ func (c *Controller) OnRuntimeEvent(e runtime.Event) {
 	for name, d := range c.deps {
 		if _, ok := d.replicas[e.Runtime]; ok {
 			delete(d.replicas, e.Runtime)
+			if cl, ok := d.clients[e.Runtime]; ok {
+				cl.Close()
+				delete(d.clients, e.Runtime)
+			}
 			dep = name
 		}
 	}
@@ -307,18 +316,47 @@ func (c *Controller) Run(ctx context.Context) {
 	}
 }
 
+// engineSignals reads the engines' queues and KV usage for the scaler:
+// waiting requests summed, KV usage at its highest.
+func engineSignals(ctx context.Context, clients []*runtime.EngineClient) (waiting int, kv float64) {
+	for _, cl := range clients {
+		cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		st, err := cl.State(cctx)
+		cancel()
+		if err == nil {
+			waiting += st.Waiting
+			kv = max(kv, st.KV.Usage)
+		}
+	}
+	return waiting, kv
+}
+
 // reconcile moves one deployment toward its autoscaler's decision.
 func (c *Controller) reconcile(ctx context.Context, name string) {
-	now := time.Now()
 	c.mu.Lock()
 	d, ok := c.deps[name]
 	if !ok {
 		c.mu.Unlock()
 		return
 	}
+	clients := make([]*runtime.EngineClient, 0, len(d.clients))
+	for _, cl := range d.clients {
+		clients = append(clients, cl)
+	}
+	c.mu.Unlock()
+	waiting, kv := engineSignals(ctx, clients)
+	signals := scaler.Signals{Waiting: waiting, KVUsage: kv, TTFTp90: c.opts.Router.TTFTp90(name)}
+
+	now := time.Now()
+	c.mu.Lock()
+	if d, ok = c.deps[name]; !ok {
+		c.mu.Unlock()
+		return
+	}
 	d.decider.Record(now, c.opts.Router.Concurrency(name))
 	ready := len(d.replicas)
-	dec := d.decider.Decide(now, scaler.Signals{Ready: ready})
+	signals.Ready = ready
+	dec := d.decider.Decide(now, signals)
 	if c.opts.Metrics != nil {
 		c.opts.Metrics.Observe(name, dec)
 	}
@@ -361,6 +399,7 @@ func (c *Controller) acquire(ctx context.Context, name, revision string) {
 	d.pending--
 	if err == nil {
 		d.replicas[rep.ID] = rep
+		d.clients[rep.ID] = runtime.NewEngineClient("unix://" + rep.Socket)
 	}
 	c.mu.Unlock()
 	if err != nil {
@@ -384,6 +423,10 @@ func (c *Controller) release(ctx context.Context, name, id string) {
 	c.mu.Lock()
 	d := c.deps[name]
 	delete(d.replicas, id)
+	if cl, ok := d.clients[id]; ok {
+		cl.Close()
+		delete(d.clients, id)
+	}
 	d.draining--
 	c.mu.Unlock()
 	if err := c.opts.Runtimes.Release(ctx, id); err != nil {

@@ -1,0 +1,129 @@
+package activator
+
+import (
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the activator's stoke_* series.
+type Metrics struct {
+	requests *prometheus.CounterVec
+	ttfb     *prometheus.HistogramVec
+	duration *prometheus.HistogramVec
+}
+
+// NewMetrics registers the activator's series on reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	buckets := []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8, 1, 2.5, 5, 10, 30, 60}
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_requests_total",
+			Help: "Inference requests answered, by model and HTTP status code."}, []string{"model", "code"}),
+		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "stoke_time_to_first_token_seconds",
+			Help: "Time from a request's arrival to the first byte of its answer (the first token of a stream), buffering and cold starts included.", Buckets: buckets}, []string{"model"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "stoke_request_duration_seconds",
+			Help: "Time from a request's arrival to the end of its answer.", Buckets: buckets}, []string{"model"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.ttfb, m.duration)
+	}
+	return m
+}
+
+// registerGauges exports a's queue and in-flight counts.
+func (m *Metrics) registerGauges(reg prometheus.Registerer, a *Activator) {
+	if reg == nil {
+		return
+	}
+	reg.MustRegister(gaugeFunc{a: a, desc: prometheus.NewDesc("stoke_activator_queue_length", "Requests waiting for a replica, by model.", []string{"model"}, nil),
+		value: func(r *route) float64 { return float64(r.waiting.Load()) }})
+	reg.MustRegister(gaugeFunc{a: a, desc: prometheus.NewDesc("stoke_activator_in_flight", "Requests being proxied to a replica, by model.", []string{"model"}, nil),
+		value: func(r *route) float64 { return float64(r.inflight.Load()) }})
+}
+
+// gaugeFunc reads a per-deployment value at scrape time.
+type gaugeFunc struct {
+	a     *Activator
+	desc  *prometheus.Desc
+	value func(*route) float64
+}
+
+func (g gaugeFunc) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+
+func (g gaugeFunc) Collect(ch chan<- prometheus.Metric) {
+	g.a.mu.RLock()
+	defer g.a.mu.RUnlock()
+	for name, r := range g.a.deps {
+		ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, g.value(r), name)
+	}
+}
+
+// recorder notes a response's status and when its first byte went out.
+type recorder struct {
+	http.ResponseWriter
+	status int
+	first  time.Time
+	queued bool // waited in the buffer for a replica
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	if r.first.IsZero() {
+		r.first = time.Now()
+	}
+	return r.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the real writer (Flush).
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func (m *Metrics) observe(model string, rec *recorder, start time.Time) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(model, strconv.Itoa(rec.status)).Inc()
+	if rec.status == http.StatusOK && !rec.first.IsZero() {
+		m.ttfb.WithLabelValues(model).Observe(rec.first.Sub(start).Seconds())
+	}
+	m.duration.WithLabelValues(model).Observe(time.Since(start).Seconds())
+}
+
+// latencies keeps a deployment's recent times to first token, for the
+// scaler's TTFT signal.
+type latencies struct {
+	mu   sync.Mutex
+	ring [256]time.Duration
+	n    int
+}
+
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	l.ring[l.n%len(l.ring)] = d
+	l.n++
+	l.mu.Unlock()
+}
+
+// p90 is the 90th percentile of the recent samples (0 without any).
+func (l *latencies) p90() time.Duration {
+	l.mu.Lock()
+	s := slices.Clone(l.ring[:min(l.n, len(l.ring))])
+	l.mu.Unlock()
+	if len(s) == 0 {
+		return 0
+	}
+	slices.Sort(s)
+	return s[len(s)*9/10]
+}
