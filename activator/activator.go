@@ -47,7 +47,7 @@ type Options struct {
 	LeastInFlight bool
 	// Registerer, when set, receives the activator's stoke_* series.
 	Registerer prometheus.Registerer
-	Logger  *slog.Logger
+	Logger     *slog.Logger
 }
 
 // Activator routes requests to the replicas of deployments.
