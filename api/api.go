@@ -21,6 +21,7 @@ import (
 
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
+	"github.com/stokehq/stoke/runtime"
 )
 
 // Deployments is what the API lists and updates.
@@ -33,6 +34,13 @@ type Deployments interface {
 	UpdateSpec(ctx context.Context, name string, spec json.RawMessage) (store.Deployment, error)
 }
 
+// ColdStarts drives deployments into cold-start tiers and reports how
+// their replicas were acquired (the cold-start bench's admin surface).
+type ColdStarts interface {
+	Prepare(ctx context.Context, name string, tier runtime.Tier) error
+	LastAcquisition(name string) (*runtime.Replica, bool)
+}
+
 // Options wire the API to the rest of the platform.
 type Options struct {
 	// Inference serves /v1/completions and /v1/chat/completions (the
@@ -42,6 +50,9 @@ type Options struct {
 	Deployments Deployments
 	// Runtimes serves GET /admin/runtimes; nil answers 404.
 	Runtimes http.Handler
+	// ColdStarts serves POST /admin/deployments/:name/prepare and GET
+	// /admin/deployments/:name/acquisition; nil answers 404.
+	ColdStarts ColdStarts
 	// Registry is served at /metrics.
 	Registry *prometheus.Registry
 	// Middleware runs before every handler, after the request id (auth,
@@ -79,6 +90,10 @@ func New(o Options) http.Handler {
 	r.PUT("/admin/deployments/:name", o.putDeployment)
 	if o.Runtimes != nil {
 		r.GET("/admin/runtimes", gin.WrapH(o.Runtimes))
+	}
+	if o.ColdStarts != nil {
+		r.POST("/admin/deployments/:name/prepare", o.prepare)
+		r.GET("/admin/deployments/:name/acquisition", o.acquisition)
 	}
 	if o.Registry != nil {
 		r.GET("/metrics", gin.WrapH(promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{})))
@@ -194,4 +209,42 @@ func deploymentError(name string, err error) *openai.Error {
 
 func writeError(c *gin.Context, e *openai.Error) {
 	c.AbortWithStatusJSON(e.Status, e.Body())
+}
+
+func (o Options) prepare(c *gin.Context) {
+	var req struct {
+		Tier runtime.Tier `json:"tier"`
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, o.MaxBodyBytes))
+	if err != nil {
+		writeError(c, openai.BodyTooLarge(o.MaxBodyBytes))
+		return
+	}
+	if e := openai.Decode(body, &req); e != nil {
+		writeError(c, e)
+		return
+	}
+	if err := o.ColdStarts.Prepare(c.Request.Context(), c.Param("name"), req.Tier); err != nil {
+		writeError(c, deploymentError(c.Param("name"), err))
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"deployment": c.Param("name"), "tier": req.Tier, "prepared": true})
+}
+
+// acquisitionJSON is how a replica was acquired, on the admin API.
+type acquisitionJSON struct {
+	Runtime   string            `json:"runtime"`
+	Tier      runtime.Tier      `json:"tier"`
+	LoadTier  string            `json:"load_tier,omitempty"`
+	Revision  string            `json:"revision"`
+	Breakdown runtime.Breakdown `json:"breakdown"`
+}
+
+func (o Options) acquisition(c *gin.Context) {
+	rep, ok := o.ColdStarts.LastAcquisition(c.Param("name"))
+	if !ok {
+		writeError(c, openai.NotFound("deployment %s has acquired no replica yet", c.Param("name")))
+		return
+	}
+	c.JSON(http.StatusOK, acquisitionJSON{Runtime: rep.ID, Tier: rep.Tier, LoadTier: rep.LoadTier, Revision: rep.Revision, Breakdown: rep.Breakdown})
 }

@@ -10,6 +10,7 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -175,6 +176,26 @@ type Breakdown struct {
 	Warmup time.Duration `json:"warmup_seconds"`
 	// Total is the whole acquisition.
 	Total time.Duration `json:"total_seconds"`
+}
+
+// MarshalJSON writes the durations as seconds.
+func (b Breakdown) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]float64{
+		"start_seconds": b.Start.Seconds(), "fetch_seconds": b.Fetch.Seconds(), "load_seconds": b.Load.Seconds(),
+		"wake_seconds": b.Wake.Seconds(), "warmup_seconds": b.Warmup.Seconds(), "total_seconds": b.Total.Seconds(),
+	})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (b *Breakdown) UnmarshalJSON(data []byte) error {
+	var m map[string]float64
+	if err := json.Unmarshal(data, &m); err != nil {
+		return err
+	}
+	d := func(k string) time.Duration { return time.Duration(m[k] * float64(time.Second)) }
+	*b = Breakdown{Start: d("start_seconds"), Fetch: d("fetch_seconds"), Load: d("load_seconds"), Wake: d("wake_seconds"),
+		Warmup: d("warmup_seconds"), Total: d("total_seconds")}
+	return nil
 }
 
 // Replica is an acquired runtime serving a model revision.
@@ -577,6 +598,65 @@ func (m *Manager) Release(ctx context.Context, id string) error {
 	m.mu.Lock()
 	r.inUse, r.lastUsed = false, time.Now()
 	m.mu.Unlock()
+	return nil
+}
+
+// Unload sends an idle sleeping replica back to blank (its weights
+// freed), as Release does past the sleep budget.
+func (m *Manager) Unload(ctx context.Context, id string) error {
+	m.mu.Lock()
+	r, ok := m.runtimes[id]
+	if !ok || r.inUse || r.state != StateSleeping {
+		m.mu.Unlock()
+		return fmt.Errorf("unload %s: not an idle sleeping runtime", id)
+	}
+	r.inUse = true
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		r.inUse = false
+		m.mu.Unlock()
+	}()
+	m.setState(r, StateDraining, r.model, "unloaded by an operator")
+	if err := r.client.Unload(ctx); err != nil {
+		m.markGone(r, fmt.Sprintf("unload failed: %v", err))
+		return fmt.Errorf("unload %s: %w", id, err)
+	}
+	m.closeView(r)
+	m.setState(r, StateBlank, "", "")
+	return nil
+}
+
+// StopIdle stops every runtime nobody uses (blank and sleeping ones),
+// freeing their slots; the warm pool refills unless SetWarm(0).
+func (m *Manager) StopIdle(ctx context.Context) error {
+	m.mu.Lock()
+	var idle []*runtimeState
+	for _, r := range m.runtimes {
+		if !r.inUse && (r.state == StateBlank || r.state == StateSleeping) {
+			r.inUse = true // nobody claims it while it stops
+			idle = append(idle, r)
+		}
+	}
+	m.mu.Unlock()
+	var errs []error
+	for _, r := range idle {
+		errs = append(errs, r.proc.Stop(ctx, m.opts.StopGrace))
+		m.markGone(r, "stopped by an operator")
+	}
+	return errors.Join(errs...)
+}
+
+// SetWarm changes the warm pool's size; a larger one starts runtimes now.
+func (m *Manager) SetWarm(n int) error {
+	m.mu.Lock()
+	if n < 0 || n > len(m.slots) {
+		m.mu.Unlock()
+		return fmt.Errorf("warm pool of %d: want 0 to %d", n, len(m.slots))
+	}
+	m.opts.Warm = n
+	m.mu.Unlock()
+	m.fillPool()
 	return nil
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/stokehq/stoke/scaler"
 	"github.com/stokehq/stoke/scaler/reconcile"
 	"github.com/stokehq/stoke/weightstore/bucket"
+	"github.com/stokehq/stoke/weightstore/nodecache"
 	"github.com/stokehq/stoke/weightstore/watch"
 )
 
@@ -139,8 +140,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 		defer cancel()
 		mgr.Close(cctx)
 	}()
+	cache, err := nodecache.NewDir(filepath.Join(data, "cache"), nodecache.DirOptions{})
+	if err != nil {
+		return err
+	}
 	ctrl, err := reconcile.New(ctx, reconcile.Options{Store: st, Runtimes: mgr, Router: act, NewDecider: reconcile.NewAutoscaler,
-		ReplicaCapacity: f.maxNumSeqs, Metrics: scaler.NewMetrics(reg), Registerer: reg})
+		ReplicaCapacity: f.maxNumSeqs, Metrics: scaler.NewMetrics(reg), Registerer: reg, Cache: cache, Warm: f.warm})
 	if err != nil {
 		return err
 	}
@@ -154,7 +159,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg}),
+	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg, ColdStarts: ctrl}),
 		ReadHeaderTimeout: 10 * time.Second}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()

@@ -557,3 +557,59 @@ func pidBySocket(socket string) string {
 	}
 	return ""
 }
+
+// TestBenchColdStart runs `stoke bench cold-start` against stoke serve and
+// checks that each tier it prepares is the tier the platform reports for
+// the request it times.
+func TestBenchColdStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts runtimes for every tier")
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	if err := synth.Write(context.Background(), src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "stoke.yaml"), []byte("replicas:\n  min: 0\n  max: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bucketDir := t.TempDir()
+	if out, err := stoke(t, "push", src, "file://"+bucketDir+"/tiny"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	base := startServe(t, nil, "--data", t.TempDir(), "--bucket", "file://"+bucketDir, "--watch-interval", "100ms",
+		"--warm", "1", "--slots", "2", "--kv-cache-memory", "16MiB", "--threads", "1")
+	waitUntil(t, "tiny is deployed", 10*time.Second, func() bool {
+		resp, err := http.Get(base + "/admin/deployments/tiny")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == http.StatusOK
+	})
+	out, err := stoke(t, "bench", "cold-start", "--url", base, "--model", "tiny", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var rep struct {
+		Tiers []struct {
+			Tier      string             `json:"tier"`
+			Served    string             `json:"served_tier"`
+			TTFT      float64            `json:"ttft_seconds"`
+			Breakdown map[string]float64 `json:"breakdown"`
+		} `json:"tiers"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Logf("stoke bench cold-start:\n%s", out)
+	if len(rep.Tiers) != 4 {
+		t.Fatalf("%d tiers measured: %s", len(rep.Tiers), out)
+	}
+	for _, r := range rep.Tiers {
+		if r.Served != r.Tier || r.TTFT <= 0 || len(r.Breakdown) != 5 {
+			t.Errorf("tier %s: served as %s, ttft %v, breakdown %v", r.Tier, r.Served, r.TTFT, r.Breakdown)
+		}
+	}
+	if rep.Tiers[3].Breakdown["start_seconds"] <= 0 {
+		t.Errorf("t4 reports no runtime start: %v", rep.Tiers[3].Breakdown)
+	}
+}

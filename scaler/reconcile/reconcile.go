@@ -23,12 +23,25 @@ import (
 	"github.com/stokehq/stoke/runtime"
 	"github.com/stokehq/stoke/scaler"
 	"github.com/stokehq/stoke/weightstore/manifest"
+	"github.com/stokehq/stoke/weightstore/nodecache"
 )
 
 // Runtimes acquires and releases replicas (the runtime manager).
 type Runtimes interface {
 	Acquire(ctx context.Context, model, revision string) (*runtime.Replica, error)
 	Release(ctx context.Context, id string) error
+	// The operations Prepare drives tiers with.
+	Runtimes() []runtime.Info
+	Unload(ctx context.Context, id string) error
+	StopIdle(ctx context.Context) error
+	SetWarm(n int) error
+}
+
+// RevisionRemover drops a revision from the node cache (nodecache.Dir,
+// ctrdcache.Cache).
+type RevisionRemover interface {
+	Remove(ctx context.Context, revision string) error
+	OpenRevision(ctx context.Context, revision string) (nodecache.Revision, error)
 }
 
 // Router is where ready replicas serve requests (the activator).
@@ -94,6 +107,11 @@ type Options struct {
 	// Registerer, when set, receives the cold-start series
 	// (stoke_cold_starts_total, stoke_cold_start_seconds).
 	Registerer prometheus.Registerer
+	// Cache is the node cache the runtimes load through, for Prepare.
+	Cache RevisionRemover
+	// Warm is the runtime manager's warm pool size, restored after a
+	// Prepare for t4 emptied it.
+	Warm int
 	Logger     *slog.Logger
 }
 
@@ -106,9 +124,10 @@ type Controller struct {
 	coldStarts       *prometheus.CounterVec
 	coldStartSeconds *prometheus.HistogramVec
 
-	mu   sync.Mutex
-	deps map[string]*deployment
-	wg   sync.WaitGroup
+	mu          sync.Mutex
+	deps        map[string]*deployment
+	restoreWarm bool
+	wg          sync.WaitGroup
 }
 
 // deployment is the controller's state of one deployment.
@@ -121,6 +140,7 @@ type deployment struct {
 	pending  int // acquisitions in progress
 	draining int // releases in progress
 	last     scaler.Decision
+	lastAcq  *runtime.Replica
 }
 
 // New returns a controller over the deployments in opts.Store.
@@ -171,7 +191,7 @@ func (c *Controller) set(d store.Deployment) error {
 		nd := &deployment{d: d, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{},
 			clients: map[string]*runtime.EngineClient{}}
 		if ok {
-			nd.replicas, nd.clients, nd.pending, nd.draining, nd.last = dep.replicas, dep.clients, dep.pending, dep.draining, dep.last
+			nd.replicas, nd.clients, nd.pending, nd.draining, nd.last, nd.lastAcq = dep.replicas, dep.clients, dep.pending, dep.draining, dep.last, dep.lastAcq
 		}
 		c.deps[d.Name] = nd
 		return nil
@@ -400,8 +420,14 @@ func (c *Controller) acquire(ctx context.Context, name, revision string) {
 	if err == nil {
 		d.replicas[rep.ID] = rep
 		d.clients[rep.ID] = runtime.NewEngineClient("unix://" + rep.Socket)
+		d.lastAcq = rep
 	}
+	restore := err == nil && c.restoreWarm
+	c.restoreWarm = c.restoreWarm && !restore
 	c.mu.Unlock()
+	if restore {
+		c.opts.Runtimes.SetWarm(c.opts.Warm)
+	}
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {
 			c.log.Warn("acquire a replica", "deployment", name, "err", err)
@@ -432,4 +458,133 @@ func (c *Controller) release(ctx context.Context, name, id string) {
 	if err := c.opts.Runtimes.Release(ctx, id); err != nil {
 		c.log.Warn("release a replica", "deployment", name, "runtime", id, "err", err)
 	}
+}
+
+// LastAcquisition is how a deployment's latest replica was acquired.
+func (c *Controller) LastAcquisition(name string) (*runtime.Replica, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.deps[name]
+	if !ok || d.lastAcq == nil {
+		return nil, false
+	}
+	return d.lastAcq, true
+}
+
+// Prepare drives a deployment into the state in which its next request is
+// served by tier, for the cold-start bench: every replica released and the
+// autoscaler's history forgotten, then t1 leaves a sleeping replica, t2 a
+// warm blank runtime with the revision in the node cache, t3 the same
+// without it in the cache, t4 no idle runtime at all and an empty warm pool
+// until the next acquisition. A deployment that keeps replicas (min > 0)
+// cannot be prepared.
+func (c *Controller) Prepare(ctx context.Context, name string, tier runtime.Tier) error {
+	c.mu.Lock()
+	d, ok := c.deps[name]
+	if !ok {
+		c.mu.Unlock()
+		return fmt.Errorf("prepare %s: %w", name, store.ErrNotFound)
+	}
+	if d.spec.Replicas.Min > 0 {
+		c.mu.Unlock()
+		return openai.InvalidRequest("tier", "deployment %s keeps %d replicas (replicas.min); it never goes cold", name, d.spec.Replicas.Min)
+	}
+	d.decider = c.opts.NewDecider(name, d.spec)
+	ids := make([]string, 0, len(d.replicas))
+	for id := range d.replicas {
+		ids = append(ids, id)
+	}
+	revision := d.d.Revision
+	d.draining += len(ids)
+	c.mu.Unlock()
+	for _, id := range ids {
+		c.wg.Add(1)
+		c.release(ctx, name, id)
+	}
+	idle := func(state runtime.State) []string {
+		var out []string
+		for _, r := range c.opts.Runtimes.Runtimes() {
+			if r.State == state && !r.InUse && (state == runtime.StateBlank || r.Model == name) {
+				out = append(out, r.ID)
+			}
+		}
+		return out
+	}
+	cycle := func() error { // load the revision once and put it to sleep
+		rep, err := c.opts.Runtimes.Acquire(ctx, name, revision)
+		if err != nil {
+			return err
+		}
+		return c.opts.Runtimes.Release(ctx, rep.ID)
+	}
+	switch tier {
+	case runtime.TierWake:
+		if len(idle(runtime.StateSleeping)) == 0 {
+			if err := cycle(); err != nil {
+				return fmt.Errorf("prepare %s for t1: %w", name, err)
+			}
+		}
+		if len(idle(runtime.StateSleeping)) == 0 {
+			return fmt.Errorf("prepare %s for t1: its replica did not go to sleep (is the sleep budget big enough?)", name)
+		}
+		return nil
+	case runtime.TierCache, runtime.TierBucket, runtime.TierStart:
+	default:
+		return openai.InvalidRequest("tier", "tier %q is not t1, t2, t3 or t4", tier)
+	}
+	if c.opts.Cache == nil {
+		return fmt.Errorf("prepare %s for %s: no node cache to prepare", name, tier)
+	}
+	if tier == runtime.TierCache {
+		if v, err := c.opts.Cache.OpenRevision(ctx, revision); err == nil {
+			v.Close()
+		} else if err := cycle(); err != nil {
+			return fmt.Errorf("prepare %s for t2: %w", name, err)
+		}
+	}
+	for _, id := range idle(runtime.StateSleeping) {
+		if err := c.opts.Runtimes.Unload(ctx, id); err != nil {
+			return fmt.Errorf("prepare %s for %s: %w", name, tier, err)
+		}
+	}
+	switch tier {
+	case runtime.TierCache:
+		// The runtime that loaded it commits the cache after serving.
+		for {
+			v, err := c.opts.Cache.OpenRevision(ctx, revision)
+			if err == nil {
+				v.Close()
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("prepare %s for t2: the node cache never got the revision: %w", name, ctx.Err())
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	case runtime.TierBucket:
+		if err := c.opts.Cache.Remove(ctx, revision); err != nil && !errors.Is(err, nodecache.ErrNotExist) {
+			return fmt.Errorf("prepare %s for t3: %w", name, err)
+		}
+	case runtime.TierStart:
+		c.mu.Lock()
+		c.restoreWarm = true
+		c.mu.Unlock()
+		if err := c.opts.Runtimes.SetWarm(0); err != nil {
+			return err
+		}
+		return c.opts.Runtimes.StopIdle(ctx)
+	}
+	// t2 and t3 load into a warm blank runtime.
+	for len(idle(runtime.StateBlank)) == 0 {
+		if c.opts.Warm == 0 {
+			return fmt.Errorf("prepare %s for %s: the warm pool is empty (serve --warm 0)", name, tier)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("prepare %s for %s: no warm runtime: %w", name, tier, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
 }

@@ -331,3 +331,33 @@ func splitDigest(name string) (digest, rest string, ok bool) {
 	}
 	return name[:n], name[n:], true
 }
+
+// Remove drops a revision from the cache, and the blobs no other revision
+// holds. A revision that is open is left alone: the error wraps ErrInUse.
+func (d *Dir) Remove(ctx context.Context, revision string) error {
+	digest, err := revisionHex(revision)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Lstat(d.revisionPath(digest))
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove revision %s: %w", revision, ErrNotExist)
+	}
+	if err != nil {
+		return fmt.Errorf("remove revision %s: %w", revision, err)
+	}
+	blobs, err := d.evictRevision(revisionInfo{digest: digest, mtime: fi.ModTime()})
+	if err != nil {
+		return err
+	}
+	if _, err := os.Lstat(d.revisionPath(digest)); err == nil {
+		return fmt.Errorf("remove revision %s: %w", revision, ErrInUse)
+	}
+	cutoff := time.Now().Add(time.Second)
+	for _, b := range blobs {
+		if _, err := d.removeUnlinkedBlob(b, cutoff); err != nil {
+			return err
+		}
+	}
+	return nil
+}

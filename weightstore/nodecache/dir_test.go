@@ -933,3 +933,42 @@ func BenchmarkDirRevisionReadAt(b *testing.B) {
 		wg.Wait()
 	}
 }
+
+func TestDirRemove(t *testing.T) {
+	ctx := context.Background()
+	d, err := NewDir(t.TempDir(), DirOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := []byte("shared weights")
+	a := newTestRevision(t, "a", map[string][]byte{"w.safetensors": shared, "config.json": []byte(`{"a":1}`)})
+	b := newTestRevision(t, "b", map[string][]byte{"w.safetensors": shared, "config.json": []byte(`{"b":2}`)})
+	a.commit(t, d)
+	b.commit(t, d)
+	open, err := d.OpenRevision(ctx, b.m.Revision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Remove(ctx, b.m.Revision); !errors.Is(err, ErrInUse) {
+		t.Fatalf("remove an open revision: %v, want ErrInUse", err)
+	}
+	open.Close()
+	if err := d.Remove(ctx, a.m.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.OpenRevision(ctx, a.m.Revision); !errors.Is(err, ErrNotExist) {
+		t.Fatalf("removed revision still opens: %v", err)
+	}
+	// b keeps the blob they share; a's own config is gone.
+	if blob, err := d.Open(ctx, fileOf("w.safetensors", shared)); err != nil {
+		t.Fatalf("the shared blob went with a: %v", err)
+	} else {
+		blob.Close()
+	}
+	if _, err := d.Open(ctx, fileOf("config.json", []byte(`{"a":1}`))); !errors.Is(err, ErrNotExist) {
+		t.Fatalf("a's own blob survived: %v", err)
+	}
+	if err := d.Remove(ctx, a.m.Revision); !errors.Is(err, ErrNotExist) {
+		t.Fatalf("remove twice: %v", err)
+	}
+}

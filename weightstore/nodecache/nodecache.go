@@ -30,6 +30,8 @@ var (
 	// ErrDigestMismatch reports, from Commit, content whose size or sha256
 	// is not the announced one. The content is discarded.
 	ErrDigestMismatch = errors.New("content does not match its digest")
+	// ErrInUse reports a revision that cannot be removed while it is open.
+	ErrInUse = errors.New("revision in use")
 )
 
 // Cache is a content-addressed store of revision files on this node.
