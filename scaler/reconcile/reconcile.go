@@ -111,8 +111,8 @@ type Options struct {
 	Cache RevisionRemover
 	// Warm is the runtime manager's warm pool size, restored after a
 	// Prepare for t4 emptied it.
-	Warm int
-	Logger     *slog.Logger
+	Warm   int
+	Logger *slog.Logger
 }
 
 // Controller reconciles every deployment.
