@@ -82,6 +82,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		return fmt.Errorf("--data: %w", err)
+	}
 	if f.bucketURL == "" {
 		f.bucketURL = "file://" + filepath.Join(data, "bucket")
 		if err := os.MkdirAll(filepath.Join(data, "bucket"), 0o755); err != nil {
