@@ -247,6 +247,7 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 		addr := r.addrs[id]
 		r.mu.RUnlock()
 		r.inflight.Add(1)
+		w.Header().Set("X-Stoke-Replica", id)
 		err = a.tr.forward(ctx, addr, req, body, w)
 		r.inflight.Add(-1)
 		if ctx.Err() != nil || errors.Is(err, errClient) {

@@ -38,7 +38,9 @@ type Deployments interface {
 // their replicas were acquired (the cold-start bench's admin surface).
 type ColdStarts interface {
 	Prepare(ctx context.Context, name string, tier runtime.Tier) error
-	LastAcquisition(name string) (*runtime.Replica, bool)
+	// Acquisition is how the replica on runtime id ("" for the latest)
+	// was acquired.
+	Acquisition(name, id string) (*runtime.Replica, bool)
 }
 
 // Options wire the API to the rest of the platform.
@@ -241,7 +243,7 @@ type acquisitionJSON struct {
 }
 
 func (o Options) acquisition(c *gin.Context) {
-	rep, ok := o.ColdStarts.LastAcquisition(c.Param("name"))
+	rep, ok := o.ColdStarts.Acquisition(c.Param("name"), c.Query("runtime"))
 	if !ok {
 		writeError(c, openai.NotFound("deployment %s has acquired no replica yet", c.Param("name")))
 		return

@@ -83,7 +83,7 @@ func coldRequest(ctx context.Context, o ColdStartOptions, tier string) (TierResu
 	if err := o.call(ctx, http.MethodPost, "/admin/deployments/"+o.Model+"/prepare", fmt.Sprintf(`{"tier":%q}`, tier), nil); err != nil {
 		return TierResult{}, fmt.Errorf("prepare: %w", err)
 	}
-	ttft, err := o.firstToken(ctx)
+	ttft, replica, err := o.firstToken(ctx)
 	if err != nil {
 		return TierResult{}, err
 	}
@@ -91,10 +91,10 @@ func coldRequest(ctx context.Context, o ColdStartOptions, tier string) (TierResu
 		Tier      string            `json:"tier"`
 		Breakdown runtime.Breakdown `json:"breakdown"`
 	}
-	if err := o.call(ctx, http.MethodGet, "/admin/deployments/"+o.Model+"/acquisition", "", &acq); err != nil {
+	if err := o.call(ctx, http.MethodGet, "/admin/deployments/"+o.Model+"/acquisition?runtime="+replica, "", &acq); err != nil {
 		return TierResult{}, fmt.Errorf("read the acquisition: %w", err)
 	}
-	warm, err := o.firstToken(ctx)
+	warm, _, err := o.firstToken(ctx)
 	if err != nil {
 		return TierResult{}, err
 	}
@@ -105,23 +105,24 @@ func coldRequest(ctx context.Context, o ColdStartOptions, tier string) (TierResu
 	return TierResult{Tier: tier, Served: acq.Tier, TTFT: ttft.Seconds(), Breakdown: b}, nil
 }
 
-// firstToken streams a one-token completion and times its first event.
-func (o ColdStartOptions) firstToken(ctx context.Context) (time.Duration, error) {
+// firstToken streams a one-token completion, times its first event and
+// returns the runtime that served it.
+func (o ColdStartOptions) firstToken(ctx context.Context) (time.Duration, string, error) {
 	body := fmt.Sprintf(`{"model":%q,"prompt":"Once upon a time","max_tokens":1,"stream":true}`, o.Model)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, o.URL+"/v1/completions", strings.NewReader(body))
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	start := time.Now()
 	resp, err := o.Client.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
-		return 0, fmt.Errorf("completion: %d %s", resp.StatusCode, bytes.TrimSpace(b))
+		return 0, "", fmt.Errorf("completion: %d %s", resp.StatusCode, bytes.TrimSpace(b))
 	}
 	sc := bufio.NewScanner(resp.Body)
 	var first time.Duration
@@ -131,9 +132,9 @@ func (o ColdStartOptions) firstToken(ctx context.Context) (time.Duration, error)
 		}
 	}
 	if first == 0 {
-		return 0, fmt.Errorf("completion: no event streamed")
+		return 0, "", fmt.Errorf("completion: no event streamed")
 	}
-	return first, sc.Err()
+	return first, resp.Header.Get("X-Stoke-Replica"), sc.Err()
 }
 
 func (o ColdStartOptions) call(ctx context.Context, method, path, body string, out any) error {

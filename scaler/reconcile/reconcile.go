@@ -141,6 +141,8 @@ type deployment struct {
 	draining int // releases in progress
 	last     scaler.Decision
 	lastAcq  *runtime.Replica
+	// hold pauses scaling from a Prepare until the next request pokes.
+	hold bool
 }
 
 // New returns a controller over the deployments in opts.Store.
@@ -191,7 +193,7 @@ func (c *Controller) set(d store.Deployment) error {
 		nd := &deployment{d: d, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{},
 			clients: map[string]*runtime.EngineClient{}}
 		if ok {
-			nd.replicas, nd.clients, nd.pending, nd.draining, nd.last, nd.lastAcq = dep.replicas, dep.clients, dep.pending, dep.draining, dep.last, dep.lastAcq
+			nd.replicas, nd.clients, nd.pending, nd.draining, nd.last, nd.lastAcq, nd.hold = dep.replicas, dep.clients, dep.pending, dep.draining, dep.last, dep.lastAcq, dep.hold
 		}
 		c.deps[d.Name] = nd
 		return nil
@@ -248,6 +250,7 @@ func (c *Controller) Lookup(name string) (revision string, spec config.Spec, ok 
 func (c *Controller) Poke(name string) {
 	c.mu.Lock()
 	if d, ok := c.deps[name]; ok {
+		d.hold = false
 		d.decider.Poke(time.Now())
 	}
 	c.mu.Unlock()
@@ -355,7 +358,7 @@ func engineSignals(ctx context.Context, clients []*runtime.EngineClient) (waitin
 func (c *Controller) reconcile(ctx context.Context, name string) {
 	c.mu.Lock()
 	d, ok := c.deps[name]
-	if !ok {
+	if !ok || d.hold {
 		c.mu.Unlock()
 		return
 	}
@@ -460,15 +463,20 @@ func (c *Controller) release(ctx context.Context, name, id string) {
 	}
 }
 
-// LastAcquisition is how a deployment's latest replica was acquired.
-func (c *Controller) LastAcquisition(name string) (*runtime.Replica, bool) {
+// Acquisition is how a deployment's replica on runtime id was acquired
+// ("" for the latest acquisition).
+func (c *Controller) Acquisition(name, id string) (*runtime.Replica, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d, ok := c.deps[name]
-	if !ok || d.lastAcq == nil {
+	if !ok {
 		return nil, false
 	}
-	return d.lastAcq, true
+	if id == "" {
+		return d.lastAcq, d.lastAcq != nil
+	}
+	rep, ok := d.replicas[id]
+	return rep, ok
 }
 
 // Prepare drives a deployment into the state in which its next request is
@@ -490,6 +498,16 @@ func (c *Controller) Prepare(ctx context.Context, name string, tier runtime.Tier
 		return openai.InvalidRequest("tier", "deployment %s keeps %d replicas (replicas.min); it never goes cold", name, d.spec.Replicas.Min)
 	}
 	d.decider = c.opts.NewDecider(name, d.spec)
+	d.hold = true
+	for d.pending > 0 { // let acquisitions under way finish first
+		c.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		c.mu.Lock()
+	}
 	ids := make([]string, 0, len(d.replicas))
 	for id := range d.replicas {
 		ids = append(ids, id)
