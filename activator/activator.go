@@ -70,6 +70,9 @@ type route struct {
 	addrs    map[string]string // replica id → engine address
 	inflight atomic.Int64
 	waiting  atomic.Int64
+	arrivals atomic.Int64 // requests ever received
+	// latency sums the durations of answered requests, for their mean.
+	latencySum, latencyN atomic.Int64
 }
 
 // New returns an activator.
@@ -86,6 +89,21 @@ func New(opts Options) *Activator {
 	a := &Activator{opts: opts, log: opts.Logger.With("component", "activator"), deps: map[string]*route{}, metrics: NewMetrics(opts.Registerer)}
 	a.metrics.registerGauges(opts.Registerer, a)
 	return a
+}
+
+// Traffic reports a deployment's requests received so far (a counter) and
+// the mean duration of those answered, for the scaler's forecaster.
+func (a *Activator) Traffic(deployment string) (arrivals int64, meanLatency time.Duration) {
+	a.mu.RLock()
+	r, ok := a.deps[deployment]
+	a.mu.RUnlock()
+	if !ok {
+		return 0, 0
+	}
+	if n := r.latencyN.Load(); n > 0 {
+		meanLatency = time.Duration(r.latencySum.Load() / n)
+	}
+	return r.arrivals.Load(), meanLatency
 }
 
 // TTFTp90 is the 90th percentile time to first token of a deployment's
@@ -183,6 +201,10 @@ func (a *Activator) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if r != nil && rec.status == http.StatusOK && !rec.first.IsZero() && !rec.queued {
 		r.ttft.add(rec.first.Sub(start))
 	}
+	if r != nil && rec.status == http.StatusOK && !rec.queued {
+		r.latencySum.Add(int64(time.Since(start)))
+		r.latencyN.Add(1)
+	}
 	a.metrics.observe(model, rec, start)
 }
 
@@ -210,6 +232,7 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 		return "", nil
 	}
 	r := a.routeFor(ir.Model, spec)
+	r.arrivals.Add(1)
 	key := ir.Prompt
 	if len(ir.Messages) > 0 {
 		key = ir.Messages

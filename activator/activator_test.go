@@ -141,3 +141,26 @@ func TestServeRetriesAndStreams(t *testing.T) {
 	a.RemoveReplica(ctx, "m", "good")
 	a.RemoveReplica(ctx, "m", "bad")
 }
+
+// TestServeBufferFull fills a deployment's buffer: the next request gets a
+// 429 with Retry-After at once, never a hang.
+func TestServeBufferFull(t *testing.T) {
+	spec := config.Default()
+	spec.Buffer.Capacity, spec.Buffer.Timeout = 1, config.Duration(time.Minute)
+	a, ts, _ := newTestActivator(t, spec)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // waits for a replica that never comes, holding the one place
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"x"}`))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	for a.Concurrency("m") < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	resp, body := post(t, ts.URL, `{"model":"m","prompt":"y"}`)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "buffer_full") {
+		t.Fatalf("%d %v %s: want 429 with Retry-After and code buffer_full", resp.StatusCode, resp.Header, body)
+	}
+}

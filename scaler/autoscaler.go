@@ -124,6 +124,14 @@ func (a *Autoscaler) Record(now time.Time, concurrency float64) {
 	a.mu.Unlock()
 }
 
+// SetColdStart updates how far ahead the predictive floor looks: the
+// deployment's latest measured cold start.
+func (a *Autoscaler) SetColdStart(d time.Duration) {
+	a.mu.Lock()
+	a.cfg.ColdStart = max(d, 0)
+	a.mu.Unlock()
+}
+
 // RecordArrival counts one request arrival at now for the forecaster.
 func (a *Autoscaler) RecordArrival(now time.Time) { a.RecordArrivals(now, 1) }
 

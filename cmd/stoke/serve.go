@@ -143,6 +143,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 		defer cancel()
 		mgr.Close(cctx)
 	}()
+	reg.MustRegister(mgr.Collector())
 	cache, err := nodecache.NewDir(filepath.Join(data, "cache"), nodecache.DirOptions{})
 	if err != nil {
 		return err

@@ -56,6 +56,8 @@ type Router interface {
 	// TTFTp90 is the p90 time to first token of its recent requests (0
 	// when unknown).
 	TTFTp90(deployment string) time.Duration
+	// Traffic is its requests received so far and their mean duration.
+	Traffic(deployment string) (arrivals int64, meanLatency time.Duration)
 }
 
 // Decider decides one deployment's replica count (scaler.Autoscaler).
@@ -64,6 +66,10 @@ type Decider interface {
 	Record(now time.Time, concurrency float64)
 	// Poke makes the next decision see demand at once.
 	Poke(now time.Time)
+	// RecordArrivals counts request arrivals for the forecaster.
+	RecordArrivals(now time.Time, n int)
+	// SetColdStart sets how far ahead the predictive floor looks.
+	SetColdStart(d time.Duration)
 	// Decide returns the wanted replicas given the signals.
 	Decide(now time.Time, s scaler.Signals) scaler.Decision
 }
@@ -143,6 +149,8 @@ type deployment struct {
 	lastAcq  *runtime.Replica
 	// hold pauses scaling from a Prepare until the next request pokes.
 	hold bool
+	// arrivals is the router's arrival count at the last reconciliation.
+	arrivals int64
 }
 
 // New returns a controller over the deployments in opts.Store.
@@ -193,7 +201,7 @@ func (c *Controller) set(d store.Deployment) error {
 		nd := &deployment{d: d, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{},
 			clients: map[string]*runtime.EngineClient{}}
 		if ok {
-			nd.replicas, nd.clients, nd.pending, nd.draining, nd.last, nd.lastAcq, nd.hold = dep.replicas, dep.clients, dep.pending, dep.draining, dep.last, dep.lastAcq, dep.hold
+			nd.replicas, nd.clients, nd.pending, nd.draining, nd.last, nd.lastAcq, nd.hold, nd.arrivals = dep.replicas, dep.clients, dep.pending, dep.draining, dep.last, dep.lastAcq, dep.hold, dep.arrivals
 		}
 		c.deps[d.Name] = nd
 		return nil
@@ -368,7 +376,8 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 	}
 	c.mu.Unlock()
 	waiting, kv := engineSignals(ctx, clients)
-	signals := scaler.Signals{Waiting: waiting, KVUsage: kv, TTFTp90: c.opts.Router.TTFTp90(name)}
+	arrivals, latency := c.opts.Router.Traffic(name)
+	signals := scaler.Signals{Waiting: waiting, KVUsage: kv, TTFTp90: c.opts.Router.TTFTp90(name), AvgLatency: latency}
 
 	now := time.Now()
 	c.mu.Lock()
@@ -377,6 +386,8 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 		return
 	}
 	d.decider.Record(now, c.opts.Router.Concurrency(name))
+	d.decider.RecordArrivals(now, int(max(arrivals-d.arrivals, 0)))
+	d.arrivals = arrivals
 	ready := len(d.replicas)
 	signals.Ready = ready
 	dec := d.decider.Decide(now, signals)
@@ -424,6 +435,7 @@ func (c *Controller) acquire(ctx context.Context, name, revision string) {
 		d.replicas[rep.ID] = rep
 		d.clients[rep.ID] = runtime.NewEngineClient("unix://" + rep.Socket)
 		d.lastAcq = rep
+		d.decider.SetColdStart(rep.Breakdown.Total)
 	}
 	restore := err == nil && c.restoreWarm
 	c.restoreWarm = c.restoreWarm && !restore
