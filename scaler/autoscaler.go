@@ -277,8 +277,9 @@ func (a *Autoscaler) Decide(now time.Time, s Signals) Decision {
 }
 
 // predictiveFloor applies Little's law to the forecast arrival rate one cold
-// start ahead: floor = ceil(rate(now+ColdStart) × latency / target).
-// Callers hold mu.
+// start ahead: floor = ceil(rate(now+ColdStart) × latency / target), or 0
+// when less than one request is expected within a cold start (or a
+// request's latency, whichever is longer). Callers hold mu.
 func (a *Autoscaler) predictiveFloor(t int64, latency time.Duration) (int, string) {
 	if latency <= 0 {
 		latency = a.cfg.AvgLatency
@@ -288,6 +289,12 @@ func (a *Autoscaler) predictiveFloor(t int64, latency time.Duration) (int, strin
 	}
 	rate, ok := a.arrivals.rate(t + int64(a.cfg.ColdStart))
 	if !ok {
+		return 0, ""
+	}
+	// Fewer than one arrival expected during a cold start: reacting costs
+	// at most that request's wait, so the floor lets the deployment go
+	// to zero.
+	if rate*max(a.cfg.ColdStart, latency).Seconds() < 1 {
 		return 0, ""
 	}
 	n := ceilCount(rate * latency.Seconds() / a.cfg.TargetConcurrency)

@@ -161,3 +161,19 @@ func TestPredictiveFloorOff(t *testing.T) {
 		t.Errorf("floor %d desired %d (%s), want 7 and 7", d.PredictiveFloor, d.Desired, d.Reason)
 	}
 }
+
+func TestPredictiveFloorLetsRareTrafficGoToZero(t *testing.T) {
+	// One request a minute, a 1 s cold start: fewer than one arrival is
+	// expected during a cold start, so the floor does not hold a replica.
+	a, err := NewAutoscaler(Config{Seasonality: shortDay, ColdStart: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range 5 {
+		a.RecordArrivals(epoch.Add(time.Duration(m)*time.Minute), 1)
+	}
+	d := a.Decide(epoch.Add(5*time.Minute), Signals{AvgLatency: 100 * time.Millisecond})
+	if d.PredictiveFloor != 0 || d.Desired != 0 {
+		t.Errorf("floor %d desired %d (%s), want 0 and 0", d.PredictiveFloor, d.Desired, d.Reason)
+	}
+}

@@ -267,7 +267,7 @@ func readyReplicas(t testing.TB, base, model string) int {
 // TestServeScalesThroughPanic steps a deployment of sim engines (target
 // concurrency 8) from 1 to 40 concurrent streams: the scaler panics, at
 // least 5 replicas become ready, and after the load stops and the window
-// passes the deployment scales back down.
+// passes the deployment scales back down (to one: the predictive floor).
 func TestServeScalesThroughPanic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("scales a deployment up and down: seconds of load")
@@ -344,7 +344,9 @@ func TestServeScalesThroughPanic(t *testing.T) {
 		t.Fatalf("a stream failed under load: %v", err)
 	default:
 	}
-	waitUntil(t, "the deployment scales back down", 90*time.Second, func() bool { return readyReplicas(t, base, "chat") == 0 })
+	// Back down after the window. The predictive floor may keep one
+	// replica: the forecaster still expects the recent burst's rate.
+	waitUntil(t, "the deployment scales back down", 90*time.Second, func() bool { return readyReplicas(t, base, "chat") <= 1 })
 	t.Logf("peak %d ready replicas", peak)
 }
 
