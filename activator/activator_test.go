@@ -164,3 +164,23 @@ func TestServeBufferFull(t *testing.T) {
 		t.Fatalf("%d %v %s: want 429 with Retry-After and code buffer_full", resp.StatusCode, resp.Header, body)
 	}
 }
+
+func TestUsageOf(t *testing.T) {
+	for _, tc := range []struct {
+		name, tail         string
+		prompt, completion int
+		ok                 bool
+	}{
+		{"plain answer", `{"id":"x","usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}`, 5, 7, true},
+		{"stream with usage", "data: {\"choices\":[]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}\n\ndata: [DONE]\n\n", 3, 2, true},
+		{"stream without usage", "data: {\"choices\":[]}\n\ndata: [DONE]\n\n", 0, 0, false},
+		{"cut usage", `{"usage":{"prompt_tok`, 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u, ok := usageOf([]byte(tc.tail))
+			if ok != tc.ok || u.PromptTokens != tc.prompt || u.CompletionTokens != tc.completion {
+				t.Fatalf("usageOf = %+v, %v", u, ok)
+			}
+		})
+	}
+}

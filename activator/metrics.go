@@ -1,6 +1,8 @@
 package activator
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strconv"
@@ -8,13 +10,17 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stokehq/stoke/internal/openai"
 )
 
 // Metrics are the activator's stoke_* series.
 type Metrics struct {
 	requests *prometheus.CounterVec
 	ttfb     *prometheus.HistogramVec
+	tpot     *prometheus.HistogramVec
 	duration *prometheus.HistogramVec
+	tokens   *prometheus.CounterVec
 }
 
 // NewMetrics registers the activator's series on reg (nil: unregistered).
@@ -27,9 +33,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Time from a request's arrival to the first byte of its answer (the first token of a stream), buffering and cold starts included.", Buckets: buckets}, []string{"model"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "stoke_request_duration_seconds",
 			Help: "Time from a request's arrival to the end of its answer.", Buckets: buckets}, []string{"model"}),
+		tpot: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "stoke_time_per_output_token_seconds",
+			Help:    "Mean time between a stream's events after the first, per streamed request.",
+			Buckets: []float64{0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1}}, []string{"model"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_tokens_total",
+			Help: "Tokens processed, by model and kind (prompt or completion), from the answers' usage."}, []string{"model", "kind"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.tpot, m.tokens)
 	}
 	return m
 }
@@ -67,8 +78,13 @@ type recorder struct {
 	http.ResponseWriter
 	status int
 	first  time.Time
-	queued bool // waited in the buffer for a replica
+	last   time.Time
+	events int    // SSE events written
+	tail   []byte // the answer's last bytes, where its usage is
+	queued bool   // waited in the buffer for a replica
 }
+
+const tailBytes = 4096
 
 func (r *recorder) WriteHeader(code int) {
 	if r.status == 0 {
@@ -81,8 +97,15 @@ func (r *recorder) Write(p []byte) (int, error) {
 	if r.status == 0 {
 		r.status = http.StatusOK
 	}
+	now := time.Now()
 	if r.first.IsZero() {
-		r.first = time.Now()
+		r.first = now
+	}
+	r.last = now
+	r.events += bytes.Count(p, []byte("data: "))
+	r.tail = append(r.tail, p[max(0, len(p)-tailBytes):]...)
+	if len(r.tail) > tailBytes {
+		r.tail = r.tail[len(r.tail)-tailBytes:]
 	}
 	return r.ResponseWriter.Write(p)
 }
@@ -99,6 +122,28 @@ func (m *Metrics) observe(model string, rec *recorder, start time.Time) {
 		m.ttfb.WithLabelValues(model).Observe(rec.first.Sub(start).Seconds())
 	}
 	m.duration.WithLabelValues(model).Observe(time.Since(start).Seconds())
+	if rec.events > 2 { // a stream: events and the closing [DONE]
+		m.tpot.WithLabelValues(model).Observe(rec.last.Sub(rec.first).Seconds() / float64(rec.events-2))
+	}
+	if u, ok := usageOf(rec.tail); ok {
+		m.tokens.WithLabelValues(model, "prompt").Add(float64(u.PromptTokens))
+		m.tokens.WithLabelValues(model, "completion").Add(float64(u.CompletionTokens))
+	}
+}
+
+// usageOf finds the usage object of an answer from its last bytes: the
+// body of a plain answer, the last event with usage of a stream.
+func usageOf(tail []byte) (openai.Usage, bool) {
+	i := bytes.LastIndex(tail, []byte(`"usage":{`))
+	if i < 0 {
+		return openai.Usage{}, false
+	}
+	var u openai.Usage
+	dec := json.NewDecoder(bytes.NewReader(tail[i+len(`"usage":`):]))
+	if err := dec.Decode(&u); err != nil {
+		return openai.Usage{}, false
+	}
+	return u, u.PromptTokens+u.CompletionTokens > 0
 }
 
 // latencies keeps a deployment's recent times to first token, for the
