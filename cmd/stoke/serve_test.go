@@ -272,18 +272,7 @@ func TestServeScalesThroughPanic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("scales a deployment up and down: seconds of load")
 	}
-	src := filepath.Join(t.TempDir(), "src")
-	if err := synth.Write(context.Background(), src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
-		t.Fatal(err)
-	}
-	spec := "replicas:\n  min: 0\n  max: 6\ntarget_concurrency: 8\nwindow: 6s\nidle_delay: 1s\n"
-	if err := os.WriteFile(filepath.Join(src, "stoke.yaml"), []byte(spec), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bucketDir := t.TempDir()
-	if out, err := stoke(t, "push", src, "file://"+bucketDir+"/chat"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	bucketDir := pushServed(t, "chat", "replicas:\n  min: 0\n  max: 6\ntarget_concurrency: 8\nwindow: 6s\nidle_delay: 1s\n")
 	base := startServe(t, nil, "--data", t.TempDir(), "--bucket", "file://"+bucketDir, "--watch-interval", "100ms",
 		"--warm", "1", "--slots", "6", "--sim-profile", "llama-3.1-8b-fp8-h100")
 	waitUntil(t, "chat is deployed", 10*time.Second, func() bool {
@@ -401,17 +390,7 @@ func TestServePrefixAffinity(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs two platforms of 4 sim replicas")
 	}
-	src := filepath.Join(t.TempDir(), "src")
-	if err := synth.Write(context.Background(), src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "stoke.yaml"), []byte("replicas:\n  min: 4\n  max: 4\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bucketDir := t.TempDir()
-	if out, err := stoke(t, "push", src, "file://"+bucketDir+"/chat"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	bucketDir := pushServed(t, "chat", "replicas:\n  min: 4\n  max: 4\n")
 	prefixes := make([]string, 16)
 	for i := range prefixes {
 		prefixes[i] = strings.Repeat(fmt.Sprintf("system prompt %d says: be helpful and brief. ", i), 24)
@@ -458,17 +437,7 @@ func TestServeReplicaKilledMidStream(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills a replica under a stream")
 	}
-	src := filepath.Join(t.TempDir(), "src")
-	if err := synth.Write(context.Background(), src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "stoke.yaml"), []byte("replicas:\n  min: 2\n  max: 2\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bucketDir := t.TempDir()
-	if out, err := stoke(t, "push", src, "file://"+bucketDir+"/chat"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	bucketDir := pushServed(t, "chat", "replicas:\n  min: 2\n  max: 2\n")
 	base := startServe(t, nil, "--data", t.TempDir(), "--bucket", "file://"+bucketDir, "--watch-interval", "100ms",
 		"--warm", "0", "--slots", "3", "--sim-profile", "llama-3.1-8b-fp8-h100")
 	waitUntil(t, "2 ready replicas", 30*time.Second, func() bool { return readyReplicas(t, base, "chat") == 2 })
@@ -567,17 +536,7 @@ func TestBenchColdStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts runtimes for every tier")
 	}
-	src := filepath.Join(t.TempDir(), "src")
-	if err := synth.Write(context.Background(), src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "stoke.yaml"), []byte("replicas:\n  min: 0\n  max: 1\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bucketDir := t.TempDir()
-	if out, err := stoke(t, "push", src, "file://"+bucketDir+"/tiny"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	bucketDir := pushServed(t, "tiny", "replicas:\n  min: 0\n  max: 1\n")
 	base := startServe(t, nil, "--data", t.TempDir(), "--bucket", "file://"+bucketDir, "--watch-interval", "100ms",
 		"--warm", "1", "--slots", "2", "--kv-cache-memory", "16MiB", "--threads", "1")
 	waitUntil(t, "tiny is deployed", 10*time.Second, func() bool {
@@ -614,4 +573,23 @@ func TestBenchColdStart(t *testing.T) {
 	if rep.Tiers[3].Breakdown["start_seconds"] <= 0 {
 		t.Errorf("t4 reports no runtime start: %v", rep.Tiers[3].Breakdown)
 	}
+}
+
+// pushServed writes a synthetic tiny model with the deployment spec spec
+// (stoke.yaml) and pushes it as name into a new file:// bucket, whose
+// directory it returns.
+func pushServed(t testing.TB, name, spec string) string {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "src")
+	if err := synth.Write(context.Background(), src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "stoke.yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bucketDir := t.TempDir()
+	if out, err := stoke(t, "push", src, "file://"+bucketDir+"/"+name); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	return bucketDir
 }
