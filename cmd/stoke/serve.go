@@ -154,9 +154,6 @@ func runServe(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	late.set(ctrl)
-	if err := deployReady(ctx, st, ctrl); err != nil {
-		return err
-	}
 	w := watch.New(b, st, watch.Options{Interval: f.interval, Quiet: f.quiet, OnRevision: ctrl.OnRevision})
 
 	ln, err := server.Listen(f.listen)
@@ -188,24 +185,6 @@ func runServe(ctx context.Context, f serveFlags) error {
 		err = nil
 	}
 	return err
-}
-
-// deployReady deploys the latest ready revision of every model the store
-// knows, for models recorded before a deployment existed.
-func deployReady(ctx context.Context, st *store.Store, ctrl *reconcile.Controller) error {
-	models, err := st.Models(ctx)
-	if err != nil {
-		return err
-	}
-	for _, m := range models {
-		if _, err := st.Deployment(ctx, m); err == nil {
-			continue
-		}
-		if r, err := st.LatestReady(ctx, m); err == nil {
-			ctrl.OnRevision(r)
-		}
-	}
-	return nil
 }
 
 // lateController lets the activator and the runtime manager, built before

@@ -185,6 +185,20 @@ func New(ctx context.Context, opts Options) (*Controller, error) {
 			c.log.Warn("skipping a deployment with a bad spec", "deployment", d.Name, "err", err)
 		}
 	}
+	// Models whose revisions were recorded before any deployment existed
+	// (by `stoke watch`, say) are deployed at their latest ready revision.
+	models, err := opts.Store.Models(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load models: %w", err)
+	}
+	for _, m := range models {
+		if _, ok := c.deps[m]; ok {
+			continue
+		}
+		if r, err := opts.Store.LatestReady(ctx, m); err == nil {
+			c.OnRevision(r)
+		}
+	}
 	return c, nil
 }
 

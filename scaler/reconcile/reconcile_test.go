@@ -1,0 +1,66 @@
+package reconcile
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stokehq/stoke/internal/store"
+	"github.com/stokehq/stoke/weightstore/manifest"
+)
+
+// TestNewDeploysRecordedRevisions starts a controller over a store that
+// already holds revisions: the latest ready one of each model becomes its
+// deployment, with the spec pushed beside it; failed ones never do.
+func TestNewDeploysRecordedRevisions(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	seq := 0
+	record := func(model string, state store.RevisionState, spec string) string {
+		seq++
+		files := []manifest.File{{Name: "config.json", Size: int64(len(spec)), SHA256: fmt.Sprintf("%064x", seq)}}
+		m := manifest.Manifest{Model: model, Revision: manifest.Revision(files), Files: files, TotalBytes: files[0].Size, DType: "F32",
+			CreatedAt: time.Now(), Spec: json.RawMessage(spec)}
+		raw, err := m.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		digest := m.Revision
+		if _, err := st.PutRevision(ctx, store.Revision{Model: model, Digest: digest, Manifest: raw}); err != nil {
+			t.Fatal(err)
+		}
+		reason := ""
+		if state == store.RevisionFailed {
+			reason = "missing shard"
+		}
+		if err := st.SetRevisionState(ctx, model, digest, state, reason); err != nil {
+			t.Fatal(err)
+		}
+		return digest
+	}
+	record("chat", store.RevisionReady, `{"replicas":{"min":0,"max":2}}`)
+	latest := record("chat", store.RevisionReady, `{"replicas":{"min":0,"max":3}}`)
+	record("broken", store.RevisionFailed, `{}`)
+
+	c, err := New(ctx, Options{Store: st, NewDecider: NewAutoscaler})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, spec, ok := c.Lookup("chat")
+	if !ok || rev != latest || spec.Replicas.Max != 3 {
+		t.Fatalf("chat: %q %+v %v, want the latest ready revision and its spec", rev, spec, ok)
+	}
+	if _, _, ok := c.Lookup("broken"); ok {
+		t.Fatal("a model with only a failed revision was deployed")
+	}
+	if d, err := st.Deployment(ctx, "chat"); err != nil || d.Revision != latest {
+		t.Fatalf("stored deployment %+v, %v", d, err)
+	}
+}
