@@ -144,7 +144,7 @@ type deployment struct {
 	replicas map[string]*runtime.Replica
 	clients  map[string]*runtime.EngineClient
 	pending  int // acquisitions in progress
-	draining int // releases in progress
+	draining map[string]bool // replicas being released
 	last     scaler.Decision
 	lastAcq  *runtime.Replica
 	// hold pauses scaling from a Prepare until the next request pokes.
@@ -213,7 +213,7 @@ func (c *Controller) set(d store.Deployment) error {
 	dep, ok := c.deps[d.Name]
 	if !ok || dep.spec != spec {
 		nd := &deployment{d: d, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{},
-			clients: map[string]*runtime.EngineClient{}}
+			clients: map[string]*runtime.EngineClient{}, draining: map[string]bool{}}
 		if ok {
 			nd.replicas, nd.clients, nd.pending, nd.draining, nd.last, nd.lastAcq, nd.hold, nd.arrivals = dep.replicas, dep.clients, dep.pending, dep.draining, dep.last, dep.lastAcq, dep.hold, dep.arrivals
 		}
@@ -320,6 +320,7 @@ func (c *Controller) OnRuntimeEvent(e runtime.Event) {
 	for name, d := range c.deps {
 		if _, ok := d.replicas[e.Runtime]; ok {
 			delete(d.replicas, e.Runtime)
+			delete(d.draining, e.Runtime)
 			if cl, ok := d.clients[e.Runtime]; ok {
 				cl.Close()
 				delete(d.clients, e.Runtime)
@@ -414,18 +415,23 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 	d.last = dec
 	var start int
 	var release []string
-	switch have := ready + d.pending - d.draining; {
-	case dec.Desired > have:
-		start = dec.Desired - have
+	serving := ready - len(d.draining)
+	switch {
+	case dec.Desired > serving+d.pending:
+		start = dec.Desired - serving - d.pending
 		d.pending += start
-	case dec.Desired < ready-d.draining:
-		ids := make([]string, 0, len(d.replicas))
+	case dec.Desired < serving:
+		ids := make([]string, 0, serving)
 		for id := range d.replicas {
-			ids = append(ids, id)
+			if !d.draining[id] {
+				ids = append(ids, id)
+			}
 		}
 		slices.Sort(ids)
-		release = ids[:ready-d.draining-dec.Desired]
-		d.draining += len(release)
+		release = ids[:serving-dec.Desired]
+		for _, id := range release {
+			d.draining[id] = true
+		}
 	}
 	revision := d.d.Revision
 	c.mu.Unlock()
@@ -482,7 +488,7 @@ func (c *Controller) release(ctx context.Context, name, id string) {
 		cl.Close()
 		delete(d.clients, id)
 	}
-	d.draining--
+	delete(d.draining, id)
 	c.mu.Unlock()
 	if err := c.opts.Runtimes.Release(ctx, id); err != nil {
 		c.log.Warn("release a replica", "deployment", name, "runtime", id, "err", err)
@@ -536,10 +542,12 @@ func (c *Controller) Prepare(ctx context.Context, name string, tier runtime.Tier
 	}
 	ids := make([]string, 0, len(d.replicas))
 	for id := range d.replicas {
-		ids = append(ids, id)
+		if !d.draining[id] {
+			ids = append(ids, id)
+			d.draining[id] = true
+		}
 	}
 	revision := d.d.Revision
-	d.draining += len(ids)
 	c.mu.Unlock()
 	for _, id := range ids {
 		c.wg.Add(1)
