@@ -143,7 +143,7 @@ type deployment struct {
 	decider  Decider
 	replicas map[string]*runtime.Replica
 	clients  map[string]*runtime.EngineClient
-	pending  int // acquisitions in progress
+	pending  int             // acquisitions in progress
 	draining map[string]bool // replicas being released
 	last     scaler.Decision
 	lastAcq  *runtime.Replica
