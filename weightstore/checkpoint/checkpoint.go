@@ -14,6 +14,7 @@ import (
 
 	"github.com/stokehq/stoke/engine/kernels"
 	"github.com/stokehq/stoke/engine/model"
+	"github.com/stokehq/stoke/internal/dtype"
 	"github.com/stokehq/stoke/weightstore/safetensors"
 )
 
@@ -225,6 +226,42 @@ func (c *Checkpoint) Lookup(name string) (model.Tensor, bool) {
 		return model.Tensor{}, false
 	}
 	return model.Tensor{DType: l.info.DType, Shape: l.info.Shape, Data: data, Source: filepath.Base(l.file.Path())}, true
+}
+
+// WeightDType is the dtype the checkpoint's weights are recorded as in
+// manifests: see WeightDType.
+func (c *Checkpoint) WeightDType() dtype.DType {
+	headers := make([]*safetensors.Header, len(c.files))
+	for i, f := range c.files {
+		headers[i] = f.Header()
+	}
+	return WeightDType(headers...)
+}
+
+// WeightDType is the dtype holding most of the projection weights' bytes
+// in the shards with these headers (of all tensors' bytes when there are
+// no projections), ties going to the lower dtype: what a manifest records
+// as a revision's dtype.
+func WeightDType(headers ...*safetensors.Header) dtype.DType {
+	proj, all := map[dtype.DType]int64{}, map[dtype.DType]int64{}
+	for _, h := range headers {
+		for _, t := range h.Tensors {
+			all[t.DType] += t.Size()
+			if model.IsProjection(t.Name) {
+				proj[t.DType] += t.Size()
+			}
+		}
+	}
+	if len(proj) == 0 {
+		proj = all
+	}
+	best, most := dtype.Invalid, int64(-1)
+	for d, n := range proj {
+		if n > most || n == most && d < best {
+			best, most = d, n
+		}
+	}
+	return best
 }
 
 // Close unmaps every shard. Models built over the checkpoint must not be

@@ -25,7 +25,6 @@ import (
 	"golang.org/x/sync/errgroup"
 	"gopkg.in/yaml.v3"
 
-	"github.com/stokehq/stoke/engine/model"
 	"github.com/stokehq/stoke/internal/ctxio"
 	"github.com/stokehq/stoke/internal/dtype"
 	"github.com/stokehq/stoke/weightstore/bucket"
@@ -159,7 +158,7 @@ func prepare(ctx context.Context, dir string, opts Options) (src string, dt dtyp
 	if err != nil {
 		return "", 0, nil, fmt.Errorf("push %s: refusing a broken checkpoint: %w", dir, err)
 	}
-	dt = weightDType(ck)
+	dt = ck.WeightDType()
 	if !opts.Quantize && opts.ShardSize <= 0 {
 		ck.Close()
 		return dir, dt, cleanup, nil
@@ -187,7 +186,7 @@ func prepare(ctx context.Context, dir string, opts Options) (src string, dt dtyp
 		cleanup()
 		return "", 0, nil, fmt.Errorf("push %s: the rewritten copy does not open: %w", dir, err)
 	}
-	dt = weightDType(re)
+	dt = re.WeightDType()
 	re.Close()
 	return out, dt, cleanup, nil
 }
@@ -222,29 +221,6 @@ func reshard(ctx context.Context, ck *checkpoint.Checkpoint, out string, shardSi
 		return fmt.Errorf("reshard %s: %w", ck.Dir(), err)
 	}
 	return nil
-}
-
-// weightDType is the dtype holding most of the projection weights' bytes,
-// or of all tensors' bytes when there are no projections.
-func weightDType(ck *checkpoint.Checkpoint) dtype.DType {
-	proj, all := map[dtype.DType]int64{}, map[dtype.DType]int64{}
-	for _, name := range ck.Names() {
-		t, _ := ck.Lookup(name)
-		all[t.DType] += int64(len(t.Data))
-		if model.IsProjection(name) {
-			proj[t.DType] += int64(len(t.Data))
-		}
-	}
-	if len(proj) == 0 {
-		proj = all
-	}
-	best, most := dtype.Invalid, int64(-1)
-	for d, n := range proj {
-		if n > most || n == most && d < best {
-			best, most = d, n
-		}
-	}
-	return best
 }
 
 // pushable reports whether a file in the checkpoint directory belongs in the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
@@ -124,7 +125,7 @@ func (w *Watcher) checkCheckpoint(ctx context.Context, name string, sizes map[st
 		// Without an index only model.safetensors is loaded.
 		headers = map[string]*safetensors.Header{checkpoint.SingleFile: headers[checkpoint.SingleFile]}
 	}
-	dt := weightDType(headers)
+	dt := checkpoint.WeightDType(slices.Collect(maps.Values(headers))...)
 	if dt == dtype.Invalid {
 		return dtype.Invalid, invalidf("the safetensors files hold no tensors")
 	}
@@ -205,31 +206,6 @@ func checkIndex(idx *checkpoint.Index, headers map[string]*safetensors.Header) e
 		}
 	}
 	return nil
-}
-
-// weightDType is the dtype holding most of the projection weights' bytes
-// (of all tensors' bytes when there are no projections), ties going to the
-// lower dtype: the rule `stoke push` records in manifests.
-func weightDType(headers map[string]*safetensors.Header) dtype.DType {
-	proj, all := map[dtype.DType]int64{}, map[dtype.DType]int64{}
-	for _, h := range headers {
-		for _, t := range h.Tensors {
-			all[t.DType] += t.Size()
-			if model.IsProjection(t.Name) {
-				proj[t.DType] += t.Size()
-			}
-		}
-	}
-	if len(proj) == 0 {
-		proj = all
-	}
-	best, most := dtype.Invalid, int64(-1)
-	for d, n := range proj {
-		if n > most || n == most && d < best {
-			best, most = d, n
-		}
-	}
-	return best
 }
 
 // readSmall reads a whole object of the listed size, refusing one larger

@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -45,8 +44,9 @@ const (
 	Native = "native"
 )
 
-// ErrInUse reports, from Remove, a revision that has open views.
-var ErrInUse = errors.New("revision has open views")
+// ErrInUse reports, from Remove, a revision that has open views; it is
+// nodecache.ErrInUse, which Dir.Remove reports too.
+var ErrInUse = nodecache.ErrInUse
 
 // Label keys the cache sets on snapshots and leases.
 const (
