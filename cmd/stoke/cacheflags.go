@@ -43,9 +43,9 @@ func (c *cacheFlags) open(ctx context.Context) (nodecache.Cache, func(), error) 
 	case c.dir == "":
 		return nil, nil, fmt.Errorf("--cache-dir: no user cache directory here; give one or --no-cache")
 	}
-	max, err := parseSize(c.maxSize)
-	if err != nil || max < 0 {
-		return nil, nil, fmt.Errorf("--cache-max-size: %q is not a size", c.maxSize)
+	max, err := sizeFlag("cache-max-size", c.maxSize, 0, maxSize)
+	if err != nil {
+		return nil, nil, err
 	}
 	d, err := nodecache.NewDir(c.dir, nodecache.DirOptions{MaxBytes: max})
 	if err != nil {

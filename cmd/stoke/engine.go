@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -72,13 +71,13 @@ func runEngine(ctx context.Context, f engineFlags) error {
 	if modes != 1 && !(modes == 2 && f.blank && f.sim) {
 		return errors.New("give exactly one of --model DIR, --blank and --sim (or --blank --sim: a sim engine that loads on demand)")
 	}
-	kvBytes, err := parseSize(f.kvMemory)
-	if err != nil || kvBytes <= 0 {
-		return fmt.Errorf("--kv-cache-memory: %q is not a positive size", f.kvMemory)
+	kvBytes, err := sizeFlag("kv-cache-memory", f.kvMemory, 1, maxSize)
+	if err != nil {
+		return err
 	}
-	chunk, err := parseSize(f.loadChunk)
-	if err != nil || chunk <= 0 || chunk > 1<<30 {
-		return fmt.Errorf("--load-chunk-size: %q is not a size between 1 byte and 1GiB", f.loadChunk)
+	chunk, err := sizeFlag("load-chunk-size", f.loadChunk, 1, 1<<30)
+	if err != nil {
+		return err
 	}
 	opts := load.Options{Engine: f.engineOptions(), KVCacheBytes: kvBytes, Threads: f.threads, S3: f.s3.options(),
 		Stream: loader.Options{Parallel: f.loadParallel, ChunkSize: int(chunk)}}
@@ -96,9 +95,9 @@ func runEngine(ctx context.Context, f engineFlags) error {
 		}
 		defer closeCache()
 		opts.Cache = cache
-		arena, err := parseSize(f.weightArena)
-		if err != nil || arena < 0 {
-			return fmt.Errorf("--weight-arena: %q is not a size", f.weightArena)
+		arena, err := sizeFlag("weight-arena", f.weightArena, 0, maxSize)
+		if err != nil {
+			return err
 		}
 		if arena > 0 {
 			dev, err := device.NewCPUArena(arena)

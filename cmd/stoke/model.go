@@ -89,6 +89,19 @@ func newQuantizeCmd() *cobra.Command {
 	return cmd
 }
 
+// sizeFlag parses the size flag called name, refusing values outside
+// [lo, hi] with one line naming the flag.
+func sizeFlag(name, value string, lo, hi int64) (int64, error) {
+	n, err := parseSize(value)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("--%s: %q is not a size from %s to %s", name, value, humanize.IBytes(uint64(lo)), humanize.IBytes(uint64(hi)))
+	}
+	return n, nil
+}
+
+// maxSize bounds size flags that have no bound of their own.
+const maxSize = 1 << 50
+
 func parseSize(s string) (int64, error) {
 	if s == "" || s == "0" {
 		return 0, nil

@@ -38,9 +38,9 @@ model, or to measure load speed; it prints the tier and the rate.`,
 			if err != nil {
 				return err
 			}
-			chunkSize, err := parseSize(chunk)
-			if err != nil || chunkSize <= 0 || chunkSize > 1<<30 {
-				return fmt.Errorf("--chunk-size: %q is not a size between 1 byte and 1GiB", chunk)
+			chunkSize, err := sizeFlag("chunk-size", chunk, 1, 1<<30)
+			if err != nil {
+				return err
 			}
 			root := strings.TrimSuffix(strings.TrimSuffix(args[0], "/"), name)
 			b, err := bucket.Open(cmd.Context(), root, s3.options())

@@ -70,13 +70,16 @@ API. With no flags it listens on 127.0.0.1:8080 and keeps everything under
 }
 
 func runServe(ctx context.Context, f serveFlags) error {
-	sizes := map[string]int64{}
-	for name, v := range map[string]string{"--sleep-budget": f.sleepBudget, "--weight-arena": f.weightArena, "--kv-cache-memory": f.kvMemory} {
-		n, err := parseSize(v)
-		if err != nil || n < 0 {
-			return fmt.Errorf("%s: %q is not a size", name, v)
-		}
-		sizes[name] = n
+	sleepBudget, err := sizeFlag("sleep-budget", f.sleepBudget, 0, maxSize)
+	if err != nil {
+		return err
+	}
+	arena, err := sizeFlag("weight-arena", f.weightArena, 0, maxSize)
+	if err != nil {
+		return err
+	}
+	if _, err := sizeFlag("kv-cache-memory", f.kvMemory, 1, maxSize); err != nil {
+		return err
 	}
 	data, err := filepath.Abs(f.data)
 	if err != nil {
@@ -133,8 +136,8 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	late := &lateController{}
 	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg})
-	mgr, err := runtime.New(ctx, runtime.Options{Backend: be, Dir: rtDir, Slots: slots, Warm: f.warm, SleepBudget: sizes["--sleep-budget"],
-		Source: f.bucketURL, WeightArena: sizes["--weight-arena"], EngineArgs: engineArgs, OnEvent: late.onRuntimeEvent})
+	mgr, err := runtime.New(ctx, runtime.Options{Backend: be, Dir: rtDir, Slots: slots, Warm: f.warm, SleepBudget: sleepBudget,
+		Source: f.bucketURL, WeightArena: arena, EngineArgs: engineArgs, OnEvent: late.onRuntimeEvent})
 	if err != nil {
 		return err
 	}
