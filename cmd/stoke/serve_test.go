@@ -159,6 +159,9 @@ func TestServeEndToEnd(t *testing.T) {
 		return len(models.Data) == 1 && models.Data[0].ID == "tiny"
 	})
 	t.Logf("listed %v after serve answered", time.Since(listed))
+	waitUntil(t, "the warm pool holds a blank runtime", 30*time.Second, func() bool {
+		return runtimesIn(t, base, "blank", "") == 1
+	})
 
 	client := openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	chat := func() string {
@@ -192,19 +195,7 @@ func TestServeEndToEnd(t *testing.T) {
 
 	// After the idle delay the replica goes to sleep (or back to blank).
 	waitUntil(t, "the idle replica is released", 90*time.Second, func() bool {
-		var rts struct {
-			Data []struct {
-				State string `json:"state"`
-				Model string `json:"model"`
-			} `json:"data"`
-		}
-		getJSON(t, base+"/admin/runtimes", &rts)
-		for _, r := range rts.Data {
-			if r.State == "ready" {
-				return false
-			}
-		}
-		return true
+		return readyReplicas(t, base, "tiny") == 0
 	})
 	chat()
 	second := coldStarts(t, base, "tiny")
@@ -248,6 +239,11 @@ func metricValue(t *testing.T, base, prefix string) float64 {
 
 // readyReplicas counts the ready runtimes serving model.
 func readyReplicas(t testing.TB, base, model string) int {
+	return runtimesIn(t, base, "ready", model)
+}
+
+// runtimesIn counts the runtimes in a state that hold model ("" for none).
+func runtimesIn(t testing.TB, base, state, model string) int {
 	var rts struct {
 		Data []struct {
 			State string `json:"state"`
@@ -257,7 +253,7 @@ func readyReplicas(t testing.TB, base, model string) int {
 	getJSON(t, base+"/admin/runtimes", &rts)
 	n := 0
 	for _, r := range rts.Data {
-		if r.State == "ready" && r.Model == model {
+		if r.State == state && r.Model == model {
 			n++
 		}
 	}
