@@ -124,6 +124,9 @@ func (a *Activator) routeFor(name string, spec config.Spec) *route {
 	r, ok := a.deps[name]
 	a.mu.RUnlock()
 	if ok {
+		if r.buffer.Cap() != spec.Buffer.Capacity {
+			r.buffer.SetCap(spec.Buffer.Capacity)
+		}
 		return r
 	}
 	a.mu.Lock()
@@ -170,6 +173,17 @@ func (a *Activator) RemoveReplica(ctx context.Context, deployment, id string) {
 	delete(r.addrs, id)
 	r.mu.Unlock()
 	a.tr.Forget(addr)
+}
+
+// InFlight is the requests in flight on one replica of a deployment.
+func (a *Activator) InFlight(deployment, id string) int {
+	a.mu.RLock()
+	r, ok := a.deps[deployment]
+	a.mu.RUnlock()
+	if !ok {
+		return 0
+	}
+	return r.pool.InFlight(id)
 }
 
 // Concurrency is a deployment's requests in flight plus those buffered.

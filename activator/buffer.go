@@ -53,7 +53,7 @@ type BufferOptions struct {
 // entry point. Wait is the single step, for callers that run the loop
 // themselves.
 type Buffer struct {
-	capacity int
+	capacity atomic.Int64
 	retry    time.Duration
 	onQueued func()
 
@@ -130,7 +130,9 @@ func NewBufferWithOptions(opts BufferOptions) *Buffer {
 	if retry == 0 {
 		retry = defaultBufferRetryInterval
 	}
-	return &Buffer{capacity: opts.Capacity, retry: retry, onQueued: opts.OnQueued}
+	b := &Buffer{retry: retry, onQueued: opts.OnQueued}
+	b.capacity.Store(int64(opts.Capacity))
+	return b
 }
 
 // Len returns the number of requests waiting.
@@ -141,7 +143,11 @@ func (b *Buffer) Len() int {
 }
 
 // Cap returns the most requests that may wait at once.
-func (b *Buffer) Cap() int { return b.capacity }
+func (b *Buffer) Cap() int { return int(b.capacity.Load()) }
+
+// SetCap changes how many requests may wait at once. Requests already
+// waiting beyond a lowered capacity keep their place.
+func (b *Buffer) SetCap(n int) { b.capacity.Store(int64(n)) }
 
 // Notify says that up to n slots may have freed: it wakes the n first
 // waiters (highest priority, oldest first) and returns how many it woke.
@@ -318,7 +324,7 @@ func newAcquireWaiter(priority int) *bufferWaiter {
 
 // enqueueLocked queues a new waiter unless the buffer is full.
 func (b *Buffer) enqueueLocked(w *bufferWaiter) error {
-	if b.queue.Len() >= b.capacity {
+	if int64(b.queue.Len()) >= b.capacity.Load() {
 		return ErrBufferFull
 	}
 	w.seq = b.seq

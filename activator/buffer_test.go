@@ -108,6 +108,12 @@ func TestBufferFull(t *testing.T) {
 			if n := b.Len(); n != tc.queued {
 				t.Errorf("Len = %d after refusals, want %d", n, tc.queued)
 			}
+			b.SetCap(tc.queued + 1) // a raised capacity takes one more
+			wg.Go(func() { b.Wait(ctx, 0, time.Time{}) })
+			awaitRouting(t, "a waiter queued under the raised capacity", func() bool { return b.Len() == tc.queued+1 })
+			if err := b.Wait(ctx, 100, time.Time{}); !errors.Is(err, ErrBufferFull) {
+				t.Errorf("Wait beyond the raised capacity = %v, want ErrBufferFull", err)
+			}
 			cancel()
 			wg.Wait()
 			if n := b.Len(); n != 0 {

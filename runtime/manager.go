@@ -206,9 +206,11 @@ type Replica struct {
 	Revision string
 	// Tier is how it was acquired; LoadTier is where its weights came
 	// from ("t2" or "t3") when it loaded any.
-	Tier      Tier
-	LoadTier  string
-	Breakdown Breakdown
+	Tier     Tier
+	LoadTier string
+	// WeightBytes is how many weight bytes it loaded (0 when woken).
+	WeightBytes int64
+	Breakdown   Breakdown
 }
 
 // runtimeState is the manager's view of one runtime.
@@ -225,9 +227,12 @@ type runtimeState struct {
 	started  time.Time
 	lastUsed time.Time
 	fails    int
-	retiring bool               // failed its health checks; being stopped
-	warm     chan struct{}      // closed once a starting runtime is blank or gone
-	view     nodecache.Revision // the cache view its weights are read from, if any
+	retiring bool // failed its health checks; being stopped
+	// fallingAsleep reserves its weights in the sleep budget while a
+	// Release puts it to sleep.
+	fallingAsleep bool
+	warm          chan struct{}      // closed once a starting runtime is blank or gone
+	view          nodecache.Revision // the cache view its weights are read from, if any
 }
 
 // Manager runs the runtimes of one node.
@@ -240,6 +245,9 @@ type Manager struct {
 	slots    []string // runtime id per slot, "" when free
 	seq      int
 	closed   bool
+
+	loads       loadMetrics
+	sleepLimits map[string]int // per model, from SetSleepLimit
 
 	wg   sync.WaitGroup
 	stop chan struct{}
@@ -257,7 +265,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		return nil, fmt.Errorf("new runtime manager: a warm pool of %d does not fit %d slots", opts.Warm, len(opts.Slots))
 	}
 	m := &Manager{opts: opts, log: opts.Logger.With("component", "runtime-manager", "backend", opts.Backend.Name()),
-		runtimes: map[string]*runtimeState{}, slots: make([]string, len(opts.Slots)), stop: make(chan struct{}), seq: int(time.Now().UnixNano() % 1e6)}
+		runtimes: map[string]*runtimeState{}, slots: make([]string, len(opts.Slots)), stop: make(chan struct{}), seq: int(time.Now().UnixNano() % 1e6), loads: newLoadMetrics(), sleepLimits: map[string]int{}}
 	procs, err := opts.Backend.Recover(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("new runtime manager: recover runtimes: %w", err)
@@ -392,6 +400,12 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 			}
 		}
 		rep.Breakdown.Load = max(0, total-rep.Breakdown.Fetch)
+		m.mu.Lock()
+		rep.WeightBytes = r.weights
+		m.mu.Unlock()
+		if rep.LoadTier != "" {
+			m.loads.observe(rep.LoadTier, rep.WeightBytes, total.Seconds())
+		}
 		if rep.Tier != TierStart && rep.LoadTier == string(TierCache) {
 			rep.Tier = TierCache
 		}
@@ -563,7 +577,8 @@ func (m *Manager) unclaim(r *runtimeState, cause error) {
 }
 
 // Release returns a replica: it sleeps (weights kept, KV freed) when the
-// sleep budget has room for its weights, and is unloaded back to blank
+// sleep budget has room for its weights and its model has fewer sleeping
+// replicas than its SetSleepLimit, and is unloaded back to blank
 // otherwise.
 func (m *Manager) Release(ctx context.Context, id string) error {
 	m.mu.Lock()
@@ -573,15 +588,25 @@ func (m *Manager) Release(ctx context.Context, id string) error {
 		return fmt.Errorf("release %s: not an acquired runtime", id)
 	}
 	var sleeping int64
+	sleepers := 0
 	for _, o := range m.runtimes {
-		if o.state == StateSleeping {
+		if o.state == StateSleeping || o.fallingAsleep {
 			sleeping += o.weights
+			if o.model == r.model {
+				sleepers++
+			}
 		}
 	}
-	canSleep := sleeping+r.weights <= m.opts.SleepBudget
+	limit, limited := m.sleepLimits[r.model]
+	canSleep := sleeping+r.weights <= m.opts.SleepBudget && (!limited || sleepers < limit)
+	r.fallingAsleep = canSleep
 	m.mu.Unlock()
 	if canSleep {
-		if err := r.client.Sleep(ctx); err != nil {
+		err := r.client.Sleep(ctx)
+		m.mu.Lock()
+		r.fallingAsleep = false
+		m.mu.Unlock()
+		if err != nil {
 			m.markGone(r, fmt.Sprintf("sleep failed: %v", err))
 			return fmt.Errorf("release %s: %w", id, err)
 		}
@@ -599,6 +624,19 @@ func (m *Manager) Release(ctx context.Context, id string) error {
 	r.inUse, r.lastUsed = false, time.Now()
 	m.mu.Unlock()
 	return nil
+}
+
+// SetSleepLimit caps how many replicas of model Release keeps asleep; a
+// negative n removes the cap (the sleep budget alone decides). Replicas
+// already asleep stay so.
+func (m *Manager) SetSleepLimit(model string, n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n < 0 {
+		delete(m.sleepLimits, model)
+		return
+	}
+	m.sleepLimits[model] = n
 }
 
 // Unload sends an idle sleeping replica back to blank (its weights

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stokehq/stoke/internal/dtype"
 	"github.com/stokehq/stoke/runtime"
 	"github.com/stokehq/stoke/runtime/process"
@@ -453,6 +454,11 @@ func TestManagerLoadsFromCacheViews(t *testing.T) {
 			if n.mounts != nil && len(n.mounts()) == 0 {
 				t.Fatal("no view is mounted while the replica reads it")
 			}
+			for _, tier := range []string{"t3", "t2"} {
+				if got := loadedBytes(t, m, tier); got != float64(man.TotalBytes) {
+					t.Fatalf("stoke_weight_bytes_loaded_total{tier=%q} = %v, want the revision's %d bytes", tier, got, man.TotalBytes)
+				}
+			}
 			if err := m.Release(ctx, rep.ID); err != nil {
 				t.Fatal(err)
 			}
@@ -495,5 +501,67 @@ func TestManagerRetiresUnresponsiveRuntime(t *testing.T) {
 	}
 	if _, err := m.Acquire(ctx, "a", ""); err != nil {
 		t.Fatalf("the freed slot does not take a new runtime: %v", err)
+	}
+}
+
+// loadedBytes reads stoke_weight_bytes_loaded_total for a tier from the
+// manager's collector.
+func loadedBytes(t *testing.T, m *runtime.Manager, tier string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m.Collector())
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "stoke_weight_bytes_loaded_total" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			if s.GetLabel()[0].GetValue() == tier {
+				return s.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// TestManagerSleepLimit releases two replicas of a model whose sleep
+// limit is one: the first sleeps, the second goes back to blank though the
+// sleep budget has room; without the limit both sleep.
+func TestManagerSleepLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		limit        int
+		wantSleeping int
+	}{
+		{"limit of one", 1, 1},
+		{"no limit", -1, 2},
+		{"never sleep", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t, "process", "a")
+			ctx := context.Background()
+			m := n.manager(t, 2, 0, 1<<30, false)
+			defer m.Close(ctx)
+			m.SetSleepLimit("a", tc.limit)
+			var reps []*runtime.Replica
+			for range 2 {
+				rep, err := m.Acquire(ctx, "a", "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				reps = append(reps, rep)
+			}
+			for _, rep := range reps {
+				if err := m.Release(ctx, rep.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if s := states(m); s[runtime.StateSleeping] != tc.wantSleeping || s[runtime.StateBlank] != 2-tc.wantSleeping {
+				t.Fatalf("after releasing two replicas: %v, want %d sleeping and the rest blank", s, tc.wantSleeping)
+			}
+		})
 	}
 }

@@ -32,6 +32,10 @@ type Spec struct {
 type Replicas struct {
 	Min int `json:"min"`
 	Max int `json:"max"`
+	// Sleeping is the most released replicas kept asleep (weights in
+	// host memory, woken in tier T1) within the node's sleep budget; the
+	// rest go back to the warm pool. It defaults to Max.
+	Sleeping int `json:"sleeping"`
 }
 
 // Buffer is the activator's queue for a deployment without room.
@@ -45,7 +49,7 @@ type Buffer struct {
 // Default is the spec of a model pushed without a stoke.yaml.
 func Default() Spec {
 	return Spec{
-		Replicas:          Replicas{Min: 0, Max: 4},
+		Replicas:          Replicas{Min: 0, Max: 4, Sleeping: 4},
 		TargetConcurrency: 8,
 		TTFTSLO:           Duration(800 * time.Millisecond),
 		Window:            Duration(60 * time.Second),
@@ -54,13 +58,20 @@ func Default() Spec {
 	}
 }
 
+// unset marks a field whose default follows another field.
+const unset = -1 << 31
+
 // Parse reads a spec (stoke.yaml as JSON, as the manifest carries it) over
 // the defaults; empty means the defaults.
 func Parse(raw json.RawMessage) (Spec, error) {
 	s := Default()
 	if len(raw) > 0 && string(raw) != "null" {
+		s.Replicas.Sleeping = unset
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return Spec{}, fmt.Errorf("deployment spec: %w", err)
+		}
+		if s.Replicas.Sleeping == unset {
+			s.Replicas.Sleeping = s.Replicas.Max
 		}
 	}
 	return s, s.Validate()
@@ -73,6 +84,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("deployment spec: replicas.min %d is negative", s.Replicas.Min)
 	case s.Replicas.Max < 1 || s.Replicas.Max < s.Replicas.Min:
 		return fmt.Errorf("deployment spec: replicas.max %d must be at least 1 and at least replicas.min %d", s.Replicas.Max, s.Replicas.Min)
+	case s.Replicas.Sleeping < 0:
+		return fmt.Errorf("deployment spec: replicas.sleeping %d is negative", s.Replicas.Sleeping)
 	case s.TargetConcurrency <= 0:
 		return fmt.Errorf("deployment spec: target_concurrency %v must be positive", s.TargetConcurrency)
 	case s.TTFTSLO <= 0:

@@ -14,9 +14,12 @@ func TestParse(t *testing.T) {
 		{name: "empty is the default", raw: "", check: func(s Spec) bool { return s == Default() }},
 		{name: "null is the default", raw: "null", check: func(s Spec) bool { return s == Default() }},
 		{name: "overrides", raw: `{"replicas":{"min":1,"max":3},"idle_delay":"5s","buffer":{"timeout":2}}`, check: func(s Spec) bool {
-			return s.Replicas == Replicas{1, 3} && time.Duration(s.IdleDelay) == 5*time.Second && time.Duration(s.Buffer.Timeout) == 2*time.Second &&
+			return s.Replicas == Replicas{1, 3, 3} && time.Duration(s.IdleDelay) == 5*time.Second && time.Duration(s.Buffer.Timeout) == 2*time.Second &&
 				s.TargetConcurrency == 8 && s.Buffer.Capacity == 1000
 		}},
+		{name: "sleeping set", raw: `{"replicas":{"max":6,"sleeping":1}}`, check: func(s Spec) bool { return s.Replicas == Replicas{0, 6, 1} }},
+		{name: "sleeping none", raw: `{"replicas":{"sleeping":0}}`, check: func(s Spec) bool { return s.Replicas == Replicas{0, 4, 0} }},
+		{name: "negative sleeping", raw: `{"replicas":{"sleeping":-2}}`, wantErr: "replicas.sleeping"},
 		{name: "max below min", raw: `{"replicas":{"min":3,"max":2}}`, wantErr: "replicas.max"},
 		{name: "bad duration", raw: `{"idle_delay":"soon"}`, wantErr: "soon"},
 		{name: "zero target", raw: `{"target_concurrency":0}`, wantErr: "target_concurrency"},

@@ -6,6 +6,7 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,6 +31,8 @@ import (
 type Runtimes interface {
 	Acquire(ctx context.Context, model, revision string) (*runtime.Replica, error)
 	Release(ctx context.Context, id string) error
+	// SetSleepLimit caps the replicas of model Release keeps asleep.
+	SetSleepLimit(model string, n int)
 	// The operations Prepare drives tiers with.
 	Runtimes() []runtime.Info
 	Unload(ctx context.Context, id string) error
@@ -51,6 +54,8 @@ type Router interface {
 	// RemoveReplica stops routing to a replica and returns when its
 	// requests in flight are done (or ctx ends).
 	RemoveReplica(ctx context.Context, deployment, id string)
+	// InFlight is the requests in flight on one of its replicas.
+	InFlight(deployment, id string) int
 	// Concurrency is a deployment's requests in flight plus buffered.
 	Concurrency(deployment string) float64
 	// TTFTp90 is the p90 time to first token of its recent requests (0
@@ -207,6 +212,9 @@ func (c *Controller) set(d store.Deployment) error {
 	spec, err := config.Parse(d.Spec)
 	if err != nil {
 		return err
+	}
+	if c.opts.Runtimes != nil {
+		c.opts.Runtimes.SetSleepLimit(d.Name, spec.Replicas.Sleeping)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -427,8 +435,7 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 				ids = append(ids, id)
 			}
 		}
-		slices.Sort(ids)
-		release = ids[:serving-dec.Desired]
+		release = leastBusy(ids, serving-dec.Desired, func(id string) int { return c.opts.Router.InFlight(name, id) })
 		for _, id := range release {
 			d.draining[id] = true
 		}
@@ -443,6 +450,20 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 		c.wg.Add(1)
 		go c.release(ctx, name, id)
 	}
+}
+
+// leastBusy picks the n replicas a scale-down releases: those with the
+// fewest requests in flight, so draining ends soonest and the busy
+// replicas keep their prefix caches.
+func leastBusy(ids []string, n int, inFlight func(id string) int) []string {
+	load := make(map[string]int, len(ids))
+	for _, id := range ids {
+		load[id] = inFlight(id)
+	}
+	slices.SortFunc(ids, func(a, b string) int {
+		return cmp.Or(cmp.Compare(load[a], load[b]), cmp.Compare(a, b))
+	})
+	return ids[:n]
 }
 
 func (c *Controller) acquire(ctx context.Context, name, revision string) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -62,5 +63,31 @@ func TestNewDeploysRecordedRevisions(t *testing.T) {
 	}
 	if d, err := st.Deployment(ctx, "chat"); err != nil || d.Revision != latest {
 		t.Fatalf("stored deployment %+v, %v", d, err)
+	}
+}
+
+func TestLeastBusyReleasesIdleReplicasFirst(t *testing.T) {
+	cases := []struct {
+		name     string
+		inFlight map[string]int
+		n        int
+		want     []string
+	}{
+		{"idle first", map[string]int{"a": 3, "b": 0, "c": 1}, 1, []string{"b"}},
+		{"two least busy", map[string]int{"a": 3, "b": 0, "c": 1}, 2, []string{"b", "c"}},
+		{"ties by id", map[string]int{"c": 0, "a": 0, "b": 2}, 2, []string{"a", "c"}},
+		{"all", map[string]int{"a": 5, "b": 4}, 2, []string{"b", "a"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ids := make([]string, 0, len(tc.inFlight))
+			for id := range tc.inFlight {
+				ids = append(ids, id)
+			}
+			got := leastBusy(ids, tc.n, func(id string) int { return tc.inFlight[id] })
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("leastBusy = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
