@@ -84,6 +84,10 @@ type Options struct {
 	// DialTimeout bounds connecting to containerd (10s, or less when ctx
 	// ends sooner).
 	DialTimeout time.Duration
+	// MaxBytes is the budget for committed revisions: after each
+	// CommitRevision, least recently used revisions without open views
+	// are removed until the rest fit (Trim). 0 means unlimited.
+	MaxBytes int64
 }
 
 // Cache is the containerd node cache. It is safe for concurrent use, and
@@ -99,6 +103,7 @@ type Cache struct {
 	blobTTL     time.Duration
 	staleAfter  time.Duration // see reflock.go
 	owner       string        // this process, for the owner labels
+	maxBytes    int64
 }
 
 var _ nodecache.Cache = (*Cache)(nil)
@@ -122,6 +127,9 @@ func New(ctx context.Context, opts Options) (*Cache, error) {
 	}
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 10 * time.Second
+	}
+	if opts.MaxBytes < 0 {
+		return nil, fmt.Errorf("containerd node cache: MaxBytes %d is negative", opts.MaxBytes)
 	}
 	if err := identifiers.Validate(opts.Namespace); err != nil {
 		return nil, fmt.Errorf("containerd node cache: namespace: %w", err)
@@ -153,6 +161,7 @@ func New(ctx context.Context, opts Options) (*Cache, error) {
 		blobTTL:    opts.BlobTTL,
 		staleAfter: defaultStaleAfter,
 		owner:      selfOwner(),
+		maxBytes:   opts.MaxBytes,
 	}
 	c.snapshotter, err = chooseSnapshotter(c.ctx(ctx), client, opts.Snapshotter)
 	if err != nil {

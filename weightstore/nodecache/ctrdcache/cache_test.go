@@ -1042,3 +1042,53 @@ func TestGarbageCollection(t *testing.T) {
 		t.Errorf("status of the abandoned ingest after gc: %v, want not found", err)
 	}
 }
+
+// TestBudgetOnCommit checks MaxBytes: each commit removes the least
+// recently used revisions until the rest fit, never the one it commits.
+func TestBudgetOnCommit(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	c, err := New(ctx, Options{Socket: e.socket, Namespace: "budget", MountDir: e.mountDir, MaxBytes: 2500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	seed := uint64(3000)
+	commit := func(name string, size int) string {
+		t.Helper()
+		seed++
+		data := randomBytes(seed, size)
+		f := fileOf("w.bin", data)
+		ingest(t, c, f, data)
+		m := manifestOf(name, f)
+		if err := c.CommitRevision(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		return m.Revision
+	}
+	cached := func() []string {
+		t.Helper()
+		revs, err := c.Revisions(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range revs {
+			out = append(out, r.Revision)
+		}
+		return out
+	}
+	r0 := commit("b0", 1000)
+	r1 := commit("b1", 1000)
+	if got := cached(); !slices.Equal(got, []string{r0, r1}) {
+		t.Fatalf("two revisions within the budget: cached %v", got)
+	}
+	r2 := commit("b2", 1000) // 3000 > 2500: the least recently used goes
+	if got := cached(); !slices.Equal(got, []string{r1, r2}) {
+		t.Fatalf("after the third commit: cached %v, want %v", got, []string{r1, r2})
+	}
+	big := commit("big", 4000) // over the budget alone: kept, the rest go
+	if got := cached(); !slices.Equal(got, []string{big}) {
+		t.Fatalf("after a commit larger than the budget: cached %v, want only it", got)
+	}
+}

@@ -179,6 +179,11 @@ func (c *Cache) releaseBlobs(ctx context.Context, blobs map[string]bool) error {
 // Blobs are not counted: those of removed revisions go with them, and the
 // others expire after Options.BlobTTL.
 func (c *Cache) Trim(ctx context.Context, maxBytes int64) ([]string, error) {
+	return c.trim(ctx, maxBytes, "")
+}
+
+// trim is Trim sparing the revision keep.
+func (c *Cache) trim(ctx context.Context, maxBytes int64, keep string) ([]string, error) {
 	revs, err := c.Revisions(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("trim: %w", err)
@@ -191,6 +196,9 @@ func (c *Cache) Trim(ctx context.Context, maxBytes int64) ([]string, error) {
 	for _, r := range revs {
 		if total <= maxBytes {
 			break
+		}
+		if r.Revision == keep {
+			continue
 		}
 		err := c.Remove(ctx, r.Revision)
 		switch {

@@ -128,6 +128,11 @@ func (c *Cache) CommitRevision(ctx context.Context, m *manifest.Manifest) (err e
 	if err := c.build(ctx, lctx, m, data); err != nil {
 		return fmt.Errorf("commit revision %s of %s: %w", m.Revision, m.Model, err)
 	}
+	if c.maxBytes > 0 {
+		if _, err := c.trim(ctx, c.maxBytes, m.Revision); err != nil {
+			return fmt.Errorf("commit revision %s of %s: %w", m.Revision, m.Model, err)
+		}
+	}
 	return nil
 }
 
