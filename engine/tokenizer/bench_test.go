@@ -90,3 +90,21 @@ func BenchmarkSynthesize(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkNew measures loading a tokenizer.json, part of every model load.
+func BenchmarkNew(b *testing.B) {
+	for _, n := range []int{32000, 128256} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			tok, cfg, err := Synthesize(n, 1)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(tok)))
+			for b.Loop() {
+				if _, err := New(tok, cfg); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

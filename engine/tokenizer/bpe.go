@@ -31,7 +31,7 @@ type bpeModel struct {
 
 	// byteLevel means pre-tokens are raw bytes whose symbols are the
 	// byte-level alphabet; byteIDs holds each byte's token and rawVocab the
-	// vocabulary keyed by raw bytes (used by ignore_merges).
+	// vocabulary keyed by raw bytes (built only for ignore_merges).
 	byteLevel bool
 	byteIDs   [256]int32
 	rawVocab  map[string]int32

@@ -2,8 +2,8 @@ package tokenizer
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
+	json "github.com/goccy/go-json"
 	"strings"
 
 	"github.com/dlclark/regexp2/v2"
@@ -492,12 +492,7 @@ func parseModel(raw json.RawMessage, byteLevelInput bool) (*bpeModel, error) {
 	if isNull(jm.Vocab) {
 		return nil, fieldErr("model.vocab", "missing")
 	}
-	var vocab64 map[string]int64
-	if err := json.Unmarshal(jm.Vocab, &vocab64); err != nil {
-		return nil, fieldErr("model.vocab", "parse: %v", err)
-	}
 	m := &bpeModel{
-		vocab:        make(map[string]int32, len(vocab64)),
 		unk:          -1,
 		fuseUnk:      jm.FuseUnk,
 		byteFallback: jm.ByteFallback,
@@ -505,17 +500,22 @@ func parseModel(raw json.RawMessage, byteLevelInput bool) (*bpeModel, error) {
 		byteLevel:    byteLevelInput,
 		cache:        newWordCache(),
 	}
-	byID := make(map[int32]string, len(vocab64))
-	for tok, id := range vocab64 {
+	if err := json.Unmarshal(jm.Vocab, &m.vocab); err != nil {
+		return nil, fieldErr("model.vocab", "parse: %v", err)
+	}
+	byID := make([]*string, len(m.vocab))
+	for tok, id := range m.vocab {
 		if id < 0 || id >= maxTokenID {
 			return nil, fieldErr("model.vocab", "token %q has id %d out of range", tok, id)
 		}
-		if other, dup := byID[int32(id)]; dup {
-			a, b := min(other, tok), max(other, tok)
+		if int(id) >= len(byID) {
+			byID = append(byID, make([]*string, int(id)+1-len(byID))...)
+		}
+		if other := byID[id]; other != nil {
+			a, b := min(*other, tok), max(*other, tok)
 			return nil, fieldErr("model.vocab", "tokens %q and %q share id %d", a, b, id)
 		}
-		byID[int32(id)] = tok
-		m.vocab[tok] = int32(id)
+		byID[id] = &tok
 	}
 	if jm.UnkToken != nil && *jm.UnkToken != "" {
 		id, ok := m.vocab[*jm.UnkToken]
@@ -531,18 +531,20 @@ func parseModel(raw json.RawMessage, byteLevelInput bool) (*bpeModel, error) {
 		}
 	}
 	if m.byteLevel {
+		for b := 0; b < 256; b++ {
+			m.byteIDs[b] = -1
+			if id, ok := m.vocab[string(byteLevel.toRune[b])]; ok {
+				m.byteIDs[b] = id
+			}
+		}
+	}
+	if m.byteLevel && m.ignoreMerges {
 		m.rawVocab = make(map[string]int32, len(m.vocab))
 		var buf []byte
 		for tok, id := range m.vocab {
 			var ok bool
 			if buf, ok = byteLevel.decode(buf[:0], tok); ok {
 				m.rawVocab[string(buf)] = id
-			}
-		}
-		for b := 0; b < 256; b++ {
-			m.byteIDs[b] = -1
-			if id, ok := m.rawVocab[string([]byte{byte(b)})]; ok {
-				m.byteIDs[b] = id
 			}
 		}
 	}
@@ -559,49 +561,55 @@ func (m *bpeModel) parseMerges(raw json.RawMessage) error {
 		m.merges = map[uint64]merge{}
 		return nil
 	}
-	var pairs [][2]string
 	var strs []string
-	if err := json.Unmarshal(raw, &strs); err != nil {
-		var items []json.RawMessage
-		if err2 := json.Unmarshal(raw, &items); err2 != nil {
-			return fieldErr("model.merges", "parse: %v", err2)
-		}
-		pairs = make([][2]string, len(items))
-		for i, it := range items {
-			var p []string
-			if err := json.Unmarshal(it, &p); err != nil || len(p) != 2 {
-				return fieldErr(fmt.Sprintf("model.merges[%d]", i), "want \"a b\" or [\"a\", \"b\"], got %s", truncate(string(it), 60))
-			}
-			pairs[i] = [2]string{p[0], p[1]}
-		}
-	} else {
-		pairs = make([][2]string, len(strs))
+	if err := json.Unmarshal(raw, &strs); err == nil {
+		m.merges = make(map[uint64]merge, len(strs))
 		for i, s := range strs {
 			a, b, ok := m.splitMerge(s)
 			if !ok {
 				return fieldErr(fmt.Sprintf("model.merges[%d]", i), "%q is not two vocabulary tokens separated by a space", truncate(s, 60))
 			}
-			pairs[i] = [2]string{a, b}
+			if err := m.addMerge(i, a, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return fieldErr("model.merges", "parse: %v", err)
+	}
+	m.merges = make(map[uint64]merge, len(items))
+	for i, it := range items {
+		var p []string
+		if err := json.Unmarshal(it, &p); err != nil || len(p) != 2 {
+			return fieldErr(fmt.Sprintf("model.merges[%d]", i), "want \"a b\" or [\"a\", \"b\"], got %s", truncate(string(it), 60))
+		}
+		if err := m.addMerge(i, p[0], p[1]); err != nil {
+			return err
 		}
 	}
-	m.merges = make(map[uint64]merge, len(pairs))
-	for i, p := range pairs {
-		a, ok := m.vocab[p[0]]
-		if !ok {
-			return fieldErr(mergeField(i).String(), "token %q is not in model.vocab", p[0])
-		}
-		b, ok := m.vocab[p[1]]
-		if !ok {
-			return fieldErr(mergeField(i).String(), "token %q is not in model.vocab", p[1])
-		}
-		id, ok := m.vocab[p[0]+p[1]]
-		if !ok {
-			return fieldErr(mergeField(i).String(), "merged token %q is not in model.vocab", p[0]+p[1])
-		}
-		k := pairKey(a, b)
-		if _, dup := m.merges[k]; !dup {
-			m.merges[k] = merge{rank: int32(i), id: id}
-		}
+	return nil
+}
+
+// addMerge records merge rank i of tokens a and b; the first of duplicate
+// merges wins.
+func (m *bpeModel) addMerge(i int, a, b string) error {
+	ida, ok := m.vocab[a]
+	if !ok {
+		return fieldErr(mergeField(i).String(), "token %q is not in model.vocab", a)
+	}
+	idb, ok := m.vocab[b]
+	if !ok {
+		return fieldErr(mergeField(i).String(), "token %q is not in model.vocab", b)
+	}
+	id, ok := m.vocab[a+b]
+	if !ok {
+		return fieldErr(mergeField(i).String(), "merged token %q is not in model.vocab", a+b)
+	}
+	k := pairKey(ida, idb)
+	if _, dup := m.merges[k]; !dup {
+		m.merges[k] = merge{rank: int32(i), id: id}
 	}
 	return nil
 }
@@ -618,6 +626,9 @@ func (m *bpeModel) splitMerge(s string) (string, string, bool) {
 	first := strings.IndexByte(s, ' ')
 	if first < 0 {
 		return "", "", false
+	}
+	if strings.IndexByte(s[first+1:], ' ') < 0 {
+		return s[:first], s[first+1:], true // the one split there is
 	}
 	for i := first; i >= 0 && i < len(s); {
 		a, b := s[:i], s[i+1:]

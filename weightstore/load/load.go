@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 
 	"github.com/stokehq/stoke/engine/core"
 	"github.com/stokehq/stoke/engine/device"
@@ -63,12 +64,10 @@ func Checkpoint(o Options) server.Loader {
 
 func (o Options) fromDir(path string, progress func(server.LoadProgress)) (*server.Loaded, error) {
 	progress(server.LoadProgress{Tier: "local"})
-	tok, err := tokenizer.Load(path)
-	if err != nil && !errors.Is(err, tokenizer.ErrNoTokenizer) {
-		return nil, err
-	}
+	tok := parseTokenizer(func() (*tokenizer.Tokenizer, error) { return tokenizer.Load(path) })
 	ck, err := checkpoint.Open(path)
 	if err != nil {
+		tok()
 		return nil, err
 	}
 	name := o.Engine.ServedName
@@ -76,6 +75,28 @@ func (o Options) fromDir(path string, progress func(server.LoadProgress)) (*serv
 		name = filepath.Base(filepath.Clean(path))
 	}
 	return o.serve(name, ck, tok, ck.Close)
+}
+
+// parseTokenizer parses a model's tokenizer in the background, as it takes
+// about as long as building the model over weights already in memory; the
+// function it returns waits for the result (nil for a model without one).
+func parseTokenizer(parse func() (*tokenizer.Tokenizer, error)) func() (*tokenizer.Tokenizer, error) {
+	type result struct {
+		tok *tokenizer.Tokenizer
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		tok, err := parse()
+		if errors.Is(err, tokenizer.ErrNoTokenizer) {
+			tok, err = nil, nil
+		}
+		done <- result{tok, err}
+	}()
+	return sync.OnceValues(func() (*tokenizer.Tokenizer, error) {
+		r := <-done
+		return r.tok, r.err
+	})
 }
 
 func (o Options) fromBucket(ctx context.Context, req server.LoadRequest, progress func(server.LoadProgress)) (*server.Loaded, error) {
@@ -87,9 +108,25 @@ func (o Options) fromBucket(ctx context.Context, req server.LoadRequest, progres
 	so.Progress = func(p loader.Progress) {
 		progress(server.LoadProgress{Bytes: p.Bytes, TotalBytes: p.Total, GBps: p.GBps(), ElapsedSeconds: p.Elapsed.Seconds()})
 	}
+	var tok func() (*tokenizer.Tokenizer, error)
+	so.HostFiles = func(host map[string][]byte) {
+		tok = parseTokenizer(func() (*tokenizer.Tokenizer, error) {
+			tok, err := tokenizer.FromFiles(host)
+			if err != nil {
+				err = fmt.Errorf("load %s: %w", req, err)
+			}
+			return tok, err
+		})
+	}
 	res, err := loader.LoadRevision(ctx, o.Device, o.Cache, loader.Request{Bucket: b, Model: req.Model, Revision: req.Revision}, so)
 	if err != nil {
+		if tok != nil {
+			tok()
+		}
 		return nil, err
+	}
+	if tok == nil { // a load with no host files to hand over
+		so.HostFiles(res.Host)
 	}
 	progress(server.LoadProgress{Revision: res.Manifest.Revision, Tier: string(res.Tier), Bytes: res.Manifest.TotalBytes,
 		TotalBytes: res.Manifest.TotalBytes, GBps: float64(res.Manifest.TotalBytes) / res.Elapsed.Seconds() / 1e9, ElapsedSeconds: res.Elapsed.Seconds()})
@@ -105,13 +142,9 @@ func (o Options) fromBucket(ctx context.Context, req server.LoadRequest, progres
 		}
 		files[name] = hm.Bytes()[:buf.Size()]
 	}
-	tok, err := tokenizer.FromFiles(files)
-	if err != nil && !errors.Is(err, tokenizer.ErrNoTokenizer) {
-		res.Free()
-		return nil, fmt.Errorf("load %s: %w", req, err)
-	}
 	ck, err := checkpoint.OpenMemory(req.String(), files)
 	if err != nil {
+		tok()
 		res.Free()
 		return nil, err
 	}
@@ -123,15 +156,17 @@ func (o Options) fromBucket(ctx context.Context, req server.LoadRequest, progres
 }
 
 // serve builds the model over ck's tensors and the Loaded that starts its
-// engines; release frees the weights once the model is done.
-func (o Options) serve(name string, ck *checkpoint.Checkpoint, tok *tokenizer.Tokenizer, release func() error) (*server.Loaded, error) {
+// engines, with the tokenizer parseTokenizer returns; release frees the
+// weights once the model is done.
+func (o Options) serve(name string, ck *checkpoint.Checkpoint, parsed func() (*tokenizer.Tokenizer, error), release func() error) (*server.Loaded, error) {
 	pool := kernels.NewPool(o.Threads)
 	closeAll := func() error {
 		pool.Close()
 		return release()
 	}
 	m, err := ck.Model(pool)
-	if err != nil {
+	tok, tokErr := parsed()
+	if err = errors.Join(err, tokErr); err != nil {
 		closeAll()
 		return nil, err
 	}

@@ -194,7 +194,7 @@ func loadCached(ctx context.Context, dev device.Device, cache nodecache.Cache, r
 		files[i].Src = LocalFile(fd)
 		res.FromCache += mf.Size
 	}
-	if err := Stream(ctx, dev, files, opts); err != nil {
+	if err := streamHostFirst(ctx, dev, files, res.Host, opts); err != nil {
 		res.Free()
 		return nil, err
 	}
@@ -253,7 +253,7 @@ func loadRemote(ctx context.Context, dev device.Device, cache nodecache.Cache, r
 			res.FromBucket += mf.Size
 		}
 	}
-	if err := Stream(ctx, dev, files, opts); err != nil {
+	if err := streamHostFirst(ctx, dev, files, res.Host, opts); err != nil {
 		return nil, err
 	}
 	if res.FromBucket == 0 {
@@ -264,6 +264,29 @@ func loadRemote(ctx context.Context, dev device.Device, cache nodecache.Cache, r
 		go res.commitCache(context.WithoutCancel(ctx), cache, m, writes, opts.withDefaults().Logger)
 	}
 	return res, nil
+}
+
+// streamHostFirst streams files; with opts.HostFiles set, the host files
+// go first and are handed over (as host) before the weights stream.
+func streamHostFirst(ctx context.Context, dev device.Device, files []File, host map[string][]byte, opts Options) error {
+	if opts.HostFiles == nil {
+		return Stream(ctx, dev, files, opts)
+	}
+	var small, weights []File
+	for _, f := range files {
+		if f.Dst == nil {
+			small = append(small, f)
+		} else {
+			weights = append(weights, f)
+		}
+	}
+	quiet := opts
+	quiet.Progress = nil
+	if err := Stream(ctx, dev, small, quiet); err != nil {
+		return err
+	}
+	opts.HostFiles(host)
+	return Stream(ctx, dev, weights, opts)
 }
 
 // cacheWrite is a file a load puts into the node cache: teed while it

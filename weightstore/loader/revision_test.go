@@ -161,6 +161,55 @@ func TestLoadRevisionFromBucketThenCache(t *testing.T) {
 	}
 }
 
+// TestLoadRevisionHandsOverHostFiles checks Options.HostFiles, from the
+// bucket and from the cache: it gets every small file, verified, before
+// the weights start streaming.
+func TestLoadRevisionHandsOverHostFiles(t *testing.T) {
+	src := writeCheckpoint(t, 1)
+	root := t.TempDir()
+	open := openFile(t)
+	b := open("file://" + root)
+	m := pushTo(t, b, open, "tiny", src)
+	cache, err := nodecache.NewDir(t.TempDir(), nodecache.DirOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []Tier{TierBucket, TierCache} {
+		var events, handovers int
+		var host map[string][]byte
+		opts := Options{Parallel: 2, ChunkSize: 64 << 10,
+			Progress: func(Progress) { events++ },
+			HostFiles: func(h map[string][]byte) {
+				if events != 0 {
+					t.Errorf("%s: host files handed over after %d progress events of the weights", want, events)
+				}
+				handovers++
+				host = h
+			}}
+		res, err := LoadRevision(context.Background(), device.NewCPU(), cache, Request{Bucket: b, Model: "tiny", Revision: m.Revision}, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := res.WaitCache(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if res.Tier != want || handovers != 1 || events == 0 {
+			t.Fatalf("load: tier %s, %d handovers, %d progress events; want %s, 1, some", res.Tier, handovers, events, want)
+		}
+		for _, f := range m.Files {
+			data, ok := host[f.Name]
+			if OnDevice(f.Name) == ok {
+				t.Fatalf("%s: handed over %v, want %v", f.Name, ok, !OnDevice(f.Name))
+			}
+			if wantData, _ := os.ReadFile(filepath.Join(src, f.Name)); ok && !bytes.Equal(data, wantData) {
+				t.Fatalf("%s: handed over content differs from the source", f.Name)
+			}
+		}
+		checkSame(t, res, src)
+		res.Free()
+	}
+}
+
 // TestLoadRevisionSingleFlight loads one revision from several goroutines
 // at once through one cache: each gets the right bytes, and every blob is
 // fetched from the bucket by exactly one of them.

@@ -77,6 +77,10 @@ type Options struct {
 	ProgressEvery time.Duration
 	// Logger receives retries; nil means slog.Default().
 	Logger *slog.Logger
+	// HostFiles, when set, makes LoadRevision stream the small files
+	// (those not OnDevice) first and hand them over, by name, before the
+	// weights stream: the caller can parse the tokenizer meanwhile.
+	HostFiles func(map[string][]byte)
 }
 
 func (o Options) withDefaults() Options {
