@@ -84,6 +84,7 @@ type Engine struct {
 	inflight atomic.Int64 // submitted and not yet ended
 
 	live        map[string]*request // loop-owned
+	ran         atomic.Bool         // Run was called; it closes the executor when it returns
 	stats       atomic.Pointer[Stats]
 	steps       atomic.Uint64
 	preemptions atomic.Uint64
@@ -186,8 +187,13 @@ func (e *Engine) publish() {
 }
 
 // Run is the engine loop. It returns when ctx ends, after ending every
-// request it still holds.
-func (e *Engine) Run(ctx context.Context) error {
+// request it still holds and closing the executor (freeing its KV pool),
+// so an engine runs once.
+func (e *Engine) Run(ctx context.Context) (err error) {
+	if e.ran.Swap(true) {
+		return errors.New("engine: Run called again; an engine runs once")
+	}
+	defer func() { err = errors.Join(err, e.closeExecutor()) }()
 	defer e.abortAll()
 	for {
 		e.admit()
@@ -214,6 +220,16 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		e.runStep(ctx, step)
 	}
+}
+
+// closeExecutor frees what an executor holds once the loop is done.
+func (e *Engine) closeExecutor() error {
+	if c, ok := e.exec.(interface{ Close() error }); ok {
+		if err := c.Close(); err != nil {
+			return fmt.Errorf("engine: close executor: %w", err)
+		}
+	}
+	return nil
 }
 
 // admit moves submitted requests into the scheduler and applies aborts.

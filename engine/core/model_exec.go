@@ -24,6 +24,9 @@ func NewModelExecutor(m *model.Model, kv *kvcache.Cache) *ModelExecutor {
 	return &ModelExecutor{model: m, kv: kv}
 }
 
+// Close frees the KV pool; the engine calls it when its loop ends.
+func (x *ModelExecutor) Close() error { return x.kv.Free() }
+
 // Execute runs the step as one batched forward pass and samples the
 // requests that reached their last known token.
 func (x *ModelExecutor) Execute(ctx context.Context, step sched.Step, samplers []*sample.Sampler) ([]Sampled, error) {

@@ -68,6 +68,7 @@ func Run(ctx context.Context, m *model.Model, prompt []int32, opts Options, onTo
 	if err != nil {
 		return Result{}, err
 	}
+	defer kv.Free()
 	mgr := kvcache.NewManager(kv.NumBlocks(), false)
 	if !mgr.Allocate(0, prompt, total, nil, "") {
 		return Result{}, fmt.Errorf("generate: kv cache of %d blocks cannot hold %d tokens", kv.NumBlocks(), total)

@@ -9,6 +9,10 @@ package kvcache
 import (
 	"fmt"
 	"math"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // BlockSize is the number of token positions one block holds.
@@ -50,22 +54,46 @@ type Cache struct {
 	numBlocks int
 	keys      [][]float32 // per layer: [block][slot][kvHead][headDim]
 	values    [][]float32
+	mem       []byte // the mapping keys and values live in
+	free      sync.Once
 }
 
 // New allocates a pool of numBlocks blocks for a model of the given shape.
+// The pool is mapped, not touched: its pages are faulted in as blocks are
+// first written, so a new engine (a load, a wake) starts at once, and Free
+// hands the memory back to the OS.
 func New(shape Shape, numBlocks int) (*Cache, error) {
 	if shape.Layers <= 0 || shape.KVHeads <= 0 || shape.HeadDim <= 0 || numBlocks <= 0 || numBlocks > math.MaxInt32 {
 		return nil, fmt.Errorf("kv cache: invalid shape %+v with %d blocks", shape, numBlocks)
 	}
-	c := &Cache{shape: shape, numBlocks: numBlocks}
 	perLayer := numBlocks * BlockSize * shape.TokenSize()
-	c.keys = make([][]float32, shape.Layers)
-	c.values = make([][]float32, shape.Layers)
+	size := 2 * shape.Layers * perLayer * 4
+	if size/(2*shape.Layers*4) != perLayer {
+		return nil, fmt.Errorf("kv cache: %d blocks of %+v overflow the address space", numBlocks, shape)
+	}
+	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("kv cache: map %d bytes: %w", size, err)
+	}
+	all := unsafe.Slice((*float32)(unsafe.Pointer(&mem[0])), size/4)
+	c := &Cache{shape: shape, numBlocks: numBlocks, mem: mem, keys: make([][]float32, shape.Layers), values: make([][]float32, shape.Layers)}
 	for l := range c.keys {
-		c.keys[l] = make([]float32, perLayer)
-		c.values[l] = make([]float32, perLayer)
+		c.keys[l] = all[2*l*perLayer : (2*l+1)*perLayer : (2*l+1)*perLayer]
+		c.values[l] = all[(2*l+1)*perLayer : (2*l+2)*perLayer : (2*l+2)*perLayer]
 	}
 	return c, nil
+}
+
+// Free unmaps the pool. Nothing may read or write it afterwards; calls
+// after the first do nothing.
+func (c *Cache) Free() error {
+	var err error
+	c.free.Do(func() {
+		c.keys, c.values = nil, nil
+		err = unix.Munmap(c.mem)
+		c.mem = nil
+	})
+	return err
 }
 
 // Shape returns the geometry the cache was built for.

@@ -89,3 +89,25 @@ func TestNewRejectsBadShape(t *testing.T) {
 		})
 	}
 }
+
+func TestNewIsZeroedAndFreesOnce(t *testing.T) {
+	c, err := New(Shape{Layers: 3, KVHeads: 2, HeadDim: 4}, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range 3 {
+		for b := range int32(5) {
+			for i, v := range append(c.BlockKeys(l, b), c.BlockValues(l, b)...) {
+				if v != 0 {
+					t.Fatalf("layer %d block %d: value %d of a new pool is %v", l, b, i, v)
+				}
+			}
+		}
+	}
+	if err := c.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Free(); err != nil {
+		t.Fatalf("second Free: %v", err)
+	}
+}

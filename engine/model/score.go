@@ -15,6 +15,7 @@ func (m *Model) Score(tokens []int32) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer kv.Free()
 	mgr := kvcache.NewManager(kv.NumBlocks(), false)
 	if !mgr.Allocate(0, tokens, len(tokens), nil, "") {
 		return nil, fmt.Errorf("score %d tokens: kv cache of %d blocks is too small", len(tokens), kv.NumBlocks())

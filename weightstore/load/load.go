@@ -192,7 +192,11 @@ func (o Options) serve(name string, ck *checkpoint.Checkpoint, parsed func() (*t
 			if err != nil {
 				return nil, err
 			}
-			return core.New(ec, kvcache.NewManager(blocks, o.Engine.PrefixCaching), core.NewModelExecutor(m, storage), tok, metrics)
+			e, err := core.New(ec, kvcache.NewManager(blocks, o.Engine.PrefixCaching), core.NewModelExecutor(m, storage), tok, metrics)
+			if err != nil {
+				storage.Free()
+			}
+			return e, err
 		},
 		Close: closeAll,
 	}, nil
