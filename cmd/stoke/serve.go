@@ -24,15 +24,17 @@ import (
 	"github.com/stokehq/stoke/scaler"
 	"github.com/stokehq/stoke/scaler/reconcile"
 	"github.com/stokehq/stoke/weightstore/bucket"
+	"github.com/stokehq/stoke/weightstore/loader"
 	"github.com/stokehq/stoke/weightstore/nodecache"
 	"github.com/stokehq/stoke/weightstore/watch"
 )
 
 type serveFlags struct {
 	listen, data, bucketURL, sleepBudget, weightArena, kvMemory string
-	simProfile, routing                                         string
+	simProfile, routing, cacheMaxSize                           string
 	slots, warm, maxNumSeqs, threads                            int
 	interval, quiet, drain                                      time.Duration
+	prefetch                                                    bool
 	s3                                                          *s3Flags
 }
 
@@ -64,6 +66,8 @@ API. With no flags it listens on 127.0.0.1:8080 and keeps everything under
 	fl.DurationVar(&f.quiet, "quiet", watch.DefaultQuiet, "how long a plain upload must stay unchanged before it is deployed")
 	fl.DurationVar(&f.drain, "drain-timeout", 30*time.Second, "how long SIGTERM waits for requests in flight")
 	fl.StringVar(&f.routing, "routing", "prefix", "how replicas are picked: prefix (prefix affinity bounded by load) or least-inflight")
+	fl.BoolVar(&f.prefetch, "prefetch", true, "copy every newly deployed revision into the node cache, so its first cold start reads the node cache (t2), not the bucket (t3)")
+	fl.StringVar(&f.cacheMaxSize, "cache-max-size", "0", "size budget of the node cache under DATA/cache, least recently used revisions evicted past it (0 = unlimited)")
 	fl.StringVar(&f.simProfile, "sim-profile", "", "run sim engines with this latency profile instead of computing (every model is served by it)")
 	f.s3 = addS3Flags(fl)
 	return cmd
@@ -79,6 +83,10 @@ func runServe(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	if _, err := sizeFlag("kv-cache-memory", f.kvMemory, 1, maxSize); err != nil {
+		return err
+	}
+	cacheMax, err := sizeFlag("cache-max-size", f.cacheMaxSize, 0, maxSize)
+	if err != nil {
 		return err
 	}
 	data, err := filepath.Abs(f.data)
@@ -117,7 +125,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	engineArgs := []string{"--kv-cache-memory", f.kvMemory, "--max-num-seqs", fmt.Sprint(f.maxNumSeqs), "--threads", fmt.Sprint(f.threads),
-		"--cache-dir", filepath.Join(data, "cache")}
+		"--cache-dir", filepath.Join(data, "cache"), "--cache-max-size", fmt.Sprint(cacheMax)}
 	if f.simProfile != "" {
 		engineArgs = append(engineArgs, "--sim", "--sim-profile", f.simProfile)
 	}
@@ -147,12 +155,19 @@ func runServe(ctx context.Context, f serveFlags) error {
 		mgr.Close(cctx)
 	}()
 	reg.MustRegister(mgr.Collector())
-	cache, err := nodecache.NewDir(filepath.Join(data, "cache"), nodecache.DirOptions{})
+	cache, err := nodecache.NewDir(filepath.Join(data, "cache"), nodecache.DirOptions{MaxBytes: cacheMax})
 	if err != nil {
 		return err
 	}
+	var prefetch func(ctx context.Context, model, revision string) error
+	if f.prefetch && f.simProfile == "" { // sim engines read no weights
+		prefetch = func(ctx context.Context, model, revision string) error {
+			_, err := loader.Prefetch(ctx, cache, loader.Request{Bucket: b, Model: model, Revision: revision}, loader.Options{})
+			return err
+		}
+	}
 	ctrl, err := reconcile.New(ctx, reconcile.Options{Store: st, Runtimes: mgr, Router: act, NewDecider: reconcile.NewAutoscaler,
-		ReplicaCapacity: f.maxNumSeqs, Metrics: scaler.NewMetrics(reg), Registerer: reg, Cache: cache, Warm: f.warm})
+		ReplicaCapacity: f.maxNumSeqs, Metrics: scaler.NewMetrics(reg), Registerer: reg, Cache: cache, Warm: f.warm, Prefetch: prefetch})
 	if err != nil {
 		return err
 	}

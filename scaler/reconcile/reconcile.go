@@ -122,8 +122,12 @@ type Options struct {
 	Cache RevisionRemover
 	// Warm is the runtime manager's warm pool size, restored after a
 	// Prepare for t4 emptied it.
-	Warm   int
-	Logger *slog.Logger
+	Warm int
+	// Prefetch, when set, puts a deployment's revision into the node
+	// cache in the background when it is deployed, so that its first
+	// cold start reads the node cache (T2) instead of the bucket (T3).
+	Prefetch func(ctx context.Context, model, revision string) error
+	Logger   *slog.Logger
 }
 
 // Controller reconciles every deployment.
@@ -139,6 +143,14 @@ type Controller struct {
 	deps        map[string]*deployment
 	restoreWarm bool
 	wg          sync.WaitGroup
+
+	// Background prefetches: bgCtx ends with Run, and prefetching holds
+	// each one's done channel by revision.
+	bgCtx       context.Context
+	bgCancel    context.CancelFunc
+	bg          sync.WaitGroup
+	stopped     bool
+	prefetching map[string]chan struct{}
 }
 
 // deployment is the controller's state of one deployment.
@@ -170,6 +182,7 @@ func New(ctx context.Context, opts Options) (*Controller, error) {
 		opts.Logger = slog.Default()
 	}
 	c := &Controller{opts: opts, log: opts.Logger.With("component", "reconcile"), pokes: make(chan string, 1024), deps: map[string]*deployment{},
+		prefetching: map[string]chan struct{}{},
 		coldStarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_cold_starts_total",
 			Help: "Replicas acquired, by deployment and tier (t1 wake, t2 node cache, t3 bucket, t4 runtime start)."}, []string{"deployment", "tier"}),
 		coldStartSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "stoke_cold_start_seconds",
@@ -181,6 +194,7 @@ func New(ctx context.Context, opts Options) (*Controller, error) {
 			return nil, fmt.Errorf("register cold-start metrics: %w", err)
 		}
 	}
+	c.bgCtx, c.bgCancel = context.WithCancel(context.WithoutCancel(ctx))
 	ds, err := opts.Store.Deployments(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("load deployments: %w", err)
@@ -188,7 +202,9 @@ func New(ctx context.Context, opts Options) (*Controller, error) {
 	for _, d := range ds {
 		if err := c.set(d); err != nil {
 			c.log.Warn("skipping a deployment with a bad spec", "deployment", d.Name, "err", err)
+			continue
 		}
+		c.prefetch(d.Name, d.Revision)
 	}
 	// Models whose revisions were recorded before any deployment existed
 	// (by `stoke watch`, say) are deployed at their latest ready revision.
@@ -262,6 +278,55 @@ func (c *Controller) OnRevision(r store.Revision) {
 		return
 	}
 	c.log.Info("deployment serves a new revision", "deployment", d.Name, "revision", d.Revision)
+	c.prefetch(d.Name, d.Revision)
+}
+
+// prefetch puts a deployed revision into the node cache in the background
+// (Options.Prefetch); one prefetch per revision at a time.
+func (c *Controller) prefetch(model, revision string) {
+	if c.opts.Prefetch == nil || revision == "" {
+		return
+	}
+	c.mu.Lock()
+	if c.stopped || c.prefetching[revision] != nil {
+		c.mu.Unlock()
+		return
+	}
+	done := make(chan struct{})
+	c.prefetching[revision] = done
+	c.bg.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.bg.Done()
+		start := time.Now()
+		err := c.opts.Prefetch(c.bgCtx, model, revision)
+		c.mu.Lock()
+		delete(c.prefetching, revision)
+		c.mu.Unlock()
+		close(done)
+		switch {
+		case err == nil:
+			c.log.Info("revision prefetched into the node cache", "deployment", model, "revision", revision, "seconds", time.Since(start).Seconds())
+		case !errors.Is(err, context.Canceled):
+			c.log.Warn("prefetch into the node cache failed; the first cold start reads the bucket", "deployment", model, "revision", revision, "err", err)
+		}
+	}()
+}
+
+// waitPrefetch waits for a prefetch of revision in progress, if any.
+func (c *Controller) waitPrefetch(ctx context.Context, revision string) error {
+	c.mu.Lock()
+	done := c.prefetching[revision]
+	c.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Lookup resolves a model name to its deployment's revision and spec.
@@ -352,6 +417,11 @@ func (c *Controller) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			c.mu.Lock()
+			c.stopped = true
+			c.mu.Unlock()
+			c.bgCancel()
+			c.bg.Wait()
 			c.wg.Wait()
 			return
 		case name := <-c.pokes:
@@ -550,6 +620,16 @@ func (c *Controller) Prepare(ctx context.Context, name string, tier runtime.Tier
 		c.mu.Unlock()
 		return openai.InvalidRequest("tier", "deployment %s keeps %d replicas (replicas.min); it never goes cold", name, d.spec.Replicas.Min)
 	}
+	revision := d.d.Revision
+	c.mu.Unlock()
+	if err := c.waitPrefetch(ctx, revision); err != nil { // it would refill the cache under a t3
+		return err
+	}
+	c.mu.Lock()
+	if d, ok = c.deps[name]; !ok {
+		c.mu.Unlock()
+		return fmt.Errorf("prepare %s: %w", name, store.ErrNotFound)
+	}
 	d.decider = c.opts.NewDecider(name, d.spec)
 	d.hold = true
 	for d.pending > 0 { // let acquisitions under way finish first
@@ -568,7 +648,7 @@ func (c *Controller) Prepare(ctx context.Context, name string, tier runtime.Tier
 			d.draining[id] = true
 		}
 	}
-	revision := d.d.Revision
+	revision = d.d.Revision
 	c.mu.Unlock()
 	for _, id := range ids {
 		c.wg.Add(1)

@@ -23,8 +23,34 @@ func TestNewDeploysRecordedRevisions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
+	record := recorder(t, st)
+	record("chat", store.RevisionReady, `{"replicas":{"min":0,"max":2}}`)
+	latest := record("chat", store.RevisionReady, `{"replicas":{"min":0,"max":3}}`)
+	record("broken", store.RevisionFailed, `{}`)
+
+	c, err := New(ctx, Options{Store: st, NewDecider: NewAutoscaler})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, spec, ok := c.Lookup("chat")
+	if !ok || rev != latest || spec.Replicas.Max != 3 {
+		t.Fatalf("chat: %q %+v %v, want the latest ready revision and its spec", rev, spec, ok)
+	}
+	if _, _, ok := c.Lookup("broken"); ok {
+		t.Fatal("a model with only a failed revision was deployed")
+	}
+	if d, err := st.Deployment(ctx, "chat"); err != nil || d.Revision != latest {
+		t.Fatalf("stored deployment %+v, %v", d, err)
+	}
+}
+
+// recorder returns a function recording a revision of model in st, in
+// state, with spec pushed beside it; it returns the revision's digest.
+func recorder(t *testing.T, st *store.Store) func(model string, state store.RevisionState, spec string) string {
+	ctx := context.Background()
 	seq := 0
-	record := func(model string, state store.RevisionState, spec string) string {
+	return func(model string, state store.RevisionState, spec string) string {
+		t.Helper()
 		seq++
 		files := []manifest.File{{Name: "config.json", Size: int64(len(spec)), SHA256: fmt.Sprintf("%064x", seq)}}
 		m := manifest.Manifest{Model: model, Revision: manifest.Revision(files), Files: files, TotalBytes: files[0].Size, DType: "F32",
@@ -46,23 +72,73 @@ func TestNewDeploysRecordedRevisions(t *testing.T) {
 		}
 		return digest
 	}
-	record("chat", store.RevisionReady, `{"replicas":{"min":0,"max":2}}`)
-	latest := record("chat", store.RevisionReady, `{"replicas":{"min":0,"max":3}}`)
-	record("broken", store.RevisionFailed, `{}`)
+}
 
-	c, err := New(ctx, Options{Store: st, NewDecider: NewAutoscaler})
+// TestPrefetchOnDeploy checks Options.Prefetch: the revision a deployment
+// serves is prefetched when the controller starts and when a new revision
+// is deployed, and Run's end cancels a prefetch in progress and waits for
+// it.
+func TestPrefetchOnDeploy(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev, spec, ok := c.Lookup("chat")
-	if !ok || rev != latest || spec.Replicas.Max != 3 {
-		t.Fatalf("chat: %q %+v %v, want the latest ready revision and its spec", rev, spec, ok)
+	defer st.Close()
+	record := recorder(t, st)
+	first := record("chat", store.RevisionReady, `{}`)
+
+	type call struct{ model, revision string }
+	calls := make(chan call, 4)
+	prefetch := func(ctx context.Context, model, revision string) error {
+		calls <- call{model, revision}
+		if revision != first {
+			<-ctx.Done() // a prefetch still streaming when serve stops
+			return ctx.Err()
+		}
+		return nil
 	}
-	if _, _, ok := c.Lookup("broken"); ok {
-		t.Fatal("a model with only a failed revision was deployed")
+	c, err := New(ctx, Options{Store: st, NewDecider: NewAutoscaler, Prefetch: prefetch})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if d, err := st.Deployment(ctx, "chat"); err != nil || d.Revision != latest {
-		t.Fatalf("stored deployment %+v, %v", d, err)
+	next := func(what string) call {
+		t.Helper()
+		select {
+		case got := <-calls:
+			return got
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no prefetch of %s", what)
+		}
+		return call{}
+	}
+	if got := next("the recorded revision"); got != (call{"chat", first}) {
+		t.Fatalf("prefetch at start: %+v, want chat@%s", got, first)
+	}
+
+	second := record("chat", store.RevisionReady, `{}`)
+	rev, err := st.Revision(ctx, "chat", second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { c.Run(runCtx); close(ran) }()
+	c.OnRevision(rev)
+	if got := next("the new revision"); got != (call{"chat", second}) {
+		t.Fatalf("prefetch of the new revision: %+v, want chat@%s", got, second)
+	}
+	stop()
+	select {
+	case <-ran:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return: the prefetch in progress was not cancelled")
+	}
+	c.OnRevision(rev) // after Run: nothing starts
+	select {
+	case got := <-calls:
+		t.Fatalf("prefetch %+v after Run ended", got)
+	default:
 	}
 }
 
