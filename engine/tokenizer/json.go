@@ -2,11 +2,13 @@ package tokenizer
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
-	json "github.com/goccy/go-json"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/dlclark/regexp2/v2"
+	json "github.com/goccy/go-json"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -105,6 +107,14 @@ func fieldErr(field string, format string, args ...any) error {
 // build assembles a Tokenizer; extraTemplate is a chat template read from
 // chat_template.jinja, used when the config has none.
 func build(tj, cfgJSON []byte, extraTemplate string) (*Tokenizer, error) {
+	// As Hugging Face's tokenizers (serde_json) do; the JSON decoder
+	// would keep invalid bytes inside strings as they are.
+	if !utf8.Valid(tj) {
+		return nil, errors.New("tokenizer.json: parse: not valid UTF-8")
+	}
+	if !utf8.Valid(cfgJSON) {
+		return nil, errors.New("tokenizer_config.json: parse: not valid UTF-8")
+	}
 	var f jsonFile
 	if err := json.Unmarshal(tj, &f); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: parse: %w", err)
@@ -503,19 +513,29 @@ func parseModel(raw json.RawMessage, byteLevelInput bool) (*bpeModel, error) {
 	if err := json.Unmarshal(jm.Vocab, &m.vocab); err != nil {
 		return nil, fieldErr("model.vocab", "parse: %v", err)
 	}
-	byID := make([]*string, len(m.vocab))
+	seen := make([]bool, len(m.vocab))
+	var seenSparse map[int32]bool // ids past the vocabulary's size
 	for tok, id := range m.vocab {
 		if id < 0 || id >= maxTokenID {
 			return nil, fieldErr("model.vocab", "token %q has id %d out of range", tok, id)
 		}
-		if int(id) >= len(byID) {
-			byID = append(byID, make([]*string, int(id)+1-len(byID))...)
+		var dup bool
+		if int(id) < len(seen) {
+			dup, seen[id] = seen[id], true
+		} else {
+			if seenSparse == nil {
+				seenSparse = map[int32]bool{}
+			}
+			dup, seenSparse[id] = seenSparse[id], true
 		}
-		if other := byID[id]; other != nil {
-			a, b := min(*other, tok), max(*other, tok)
-			return nil, fieldErr("model.vocab", "tokens %q and %q share id %d", a, b, id)
+		if dup {
+			for other, oid := range m.vocab {
+				if oid == id && other != tok {
+					a, b := min(other, tok), max(other, tok)
+					return nil, fieldErr("model.vocab", "tokens %q and %q share id %d", a, b, id)
+				}
+			}
 		}
-		byID[id] = &tok
 	}
 	if jm.UnkToken != nil && *jm.UnkToken != "" {
 		id, ok := m.vocab[*jm.UnkToken]

@@ -529,6 +529,8 @@ func TestBadInput(t *testing.T) {
 	}{
 		{"malformed json", []byte(`{"model": {`), nil, "tokenizer.json: parse"},
 		{"not an object", []byte(`[1,2]`), nil, "tokenizer.json: parse"},
+		{"invalid UTF-8", []byte("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"\xff\": 0}, \"merges\": []}}"), nil, "not valid UTF-8"},
+		{"config invalid UTF-8", with(func(map[string]any) {}), []byte("{\"bos_token\": \"\xc3\"}"), "tokenizer_config.json: parse: not valid UTF-8"},
 		{"no model", []byte(`{}`), nil, "model: missing"},
 		{"unknown model type", with(func(m map[string]any) { model(m)["type"] = "WordPiece" }), nil, "model.type"},
 		{"vocab not a map", with(func(m map[string]any) { model(m)["vocab"] = []int{1} }), nil, "model.vocab"},
