@@ -595,7 +595,20 @@ func (m *bpeModel) parseMerges(raw json.RawMessage) error {
 		}
 		return nil
 	}
-	var items []json.RawMessage
+	var pairs [][]string // the [a, b] form newer tokenizers write
+	if err := json.Unmarshal(raw, &pairs); err == nil {
+		m.merges = make(map[uint64]merge, len(pairs))
+		for i, p := range pairs {
+			if len(p) != 2 {
+				return fieldErr(fmt.Sprintf("model.merges[%d]", i), "want \"a b\" or [\"a\", \"b\"], got %d strings", len(p))
+			}
+			if err := m.addMerge(i, p[0], p[1]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var items []json.RawMessage // neither form: find the item at fault
 	if err := json.Unmarshal(raw, &items); err != nil {
 		return fieldErr("model.merges", "parse: %v", err)
 	}
