@@ -111,11 +111,11 @@ func (o Options) fromBucket(ctx context.Context, req server.LoadRequest, progres
 	var tok func() (*tokenizer.Tokenizer, error)
 	so.HostFiles = func(host map[string][]byte) {
 		tok = parseTokenizer(func() (*tokenizer.Tokenizer, error) {
-			tok, err := tokenizer.FromFiles(host)
+			t, err := tokenizer.FromFiles(host)
 			if err != nil {
 				err = fmt.Errorf("load %s: %w", req, err)
 			}
-			return tok, err
+			return t, err
 		})
 	}
 	res, err := loader.LoadRevision(ctx, o.Device, o.Cache, loader.Request{Bucket: b, Model: req.Model, Revision: req.Revision}, so)
