@@ -665,13 +665,13 @@ func (m *Manager) Unload(ctx context.Context, id string) error {
 	return nil
 }
 
-// StopIdle stops every runtime nobody uses (blank and sleeping ones),
-// freeing their slots; the warm pool refills unless SetWarm(0).
+// StopIdle stops every runtime nobody uses (starting, blank and sleeping
+// ones), freeing their slots; the warm pool refills unless SetWarm(0).
 func (m *Manager) StopIdle(ctx context.Context) error {
 	m.mu.Lock()
 	var idle []*runtimeState
 	for _, r := range m.runtimes {
-		if !r.inUse && (r.state == StateBlank || r.state == StateSleeping) {
+		if !r.inUse && (r.state == StateStarting || r.state == StateBlank || r.state == StateSleeping) {
 			r.inUse = true // nobody claims it while it stops
 			idle = append(idle, r)
 		}

@@ -565,3 +565,30 @@ func TestManagerSleepLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestManagerStopIdleStopsStartingRuntimes empties the warm pool while
+// its runtime is still starting, as the cold-start bench does for t4:
+// nothing is left to come up blank afterwards.
+func TestManagerStopIdleStopsStartingRuntimes(t *testing.T) {
+	n := newNode(t, "process", "a")
+	ctx := context.Background()
+	m := n.manager(t, 2, 1, 0, false)
+	defer m.Close(ctx)
+	if err := m.SetWarm(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.StopIdle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rs := m.Runtimes(); len(rs) != 0 {
+		t.Fatalf("runtimes after StopIdle: %+v, want none", rs)
+	}
+	waitFor(t, "no engine process left", func() bool { return len(n.engines(t)) == 0 })
+	rep, err := m.Acquire(ctx, "a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Tier != runtime.TierStart {
+		t.Fatalf("acquire after StopIdle: %s, want t4 (a runtime started for it)", rep.Tier)
+	}
+}
