@@ -22,6 +22,7 @@ import (
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
 	"github.com/stokehq/stoke/runtime"
+	"github.com/stokehq/stoke/scaler/reconcile"
 )
 
 // Deployments is what the API lists and updates.
@@ -32,6 +33,8 @@ type Deployments interface {
 	Deployment(ctx context.Context, name string) (store.Deployment, error)
 	// UpdateSpec replaces a deployment's spec after validating it.
 	UpdateSpec(ctx context.Context, name string, spec json.RawMessage) (store.Deployment, error)
+	// Status is a deployment's live state (false when it has none).
+	Status(name string) (reconcile.Status, bool)
 }
 
 // ColdStarts drives deployments into cold-start tiers and reports how
@@ -134,14 +137,19 @@ func (o Options) listModels(c *gin.Context) {
 
 // deploymentJSON is a deployment on the admin API.
 type deploymentJSON struct {
-	Name      string          `json:"name"`
-	Revision  string          `json:"revision"`
-	Spec      json.RawMessage `json:"spec"`
-	UpdatedAt time.Time       `json:"updated_at"`
+	Name      string            `json:"name"`
+	Revision  string            `json:"revision"`
+	Spec      json.RawMessage   `json:"spec"`
+	UpdatedAt time.Time         `json:"updated_at"`
+	Status    *reconcile.Status `json:"status,omitempty"`
 }
 
-func toJSON(d store.Deployment) deploymentJSON {
-	return deploymentJSON{Name: d.Name, Revision: d.Revision, Spec: d.Spec, UpdatedAt: d.UpdatedAt}
+func (o Options) toJSON(d store.Deployment) deploymentJSON {
+	out := deploymentJSON{Name: d.Name, Revision: d.Revision, Spec: d.Spec, UpdatedAt: d.UpdatedAt}
+	if st, ok := o.Deployments.Status(d.Name); ok {
+		out.Status = &st
+	}
+	return out
 }
 
 func (o Options) listDeployments(c *gin.Context) {
@@ -155,7 +163,7 @@ func (o Options) listDeployments(c *gin.Context) {
 		Data   []deploymentJSON `json:"data"`
 	}{Object: "list", Data: []deploymentJSON{}}
 	for _, d := range ds {
-		out.Data = append(out.Data, toJSON(d))
+		out.Data = append(out.Data, o.toJSON(d))
 	}
 	c.JSON(http.StatusOK, out)
 }
@@ -166,7 +174,7 @@ func (o Options) getDeployment(c *gin.Context) {
 		writeError(c, deploymentError(c.Param("name"), err))
 		return
 	}
-	c.JSON(http.StatusOK, toJSON(d))
+	c.JSON(http.StatusOK, o.toJSON(d))
 }
 
 // putDeployment replaces a deployment's spec: the body is the spec, or an
@@ -193,7 +201,7 @@ func (o Options) putDeployment(c *gin.Context) {
 		writeError(c, deploymentError(c.Param("name"), err))
 		return
 	}
-	c.JSON(http.StatusOK, toJSON(d))
+	c.JSON(http.StatusOK, o.toJSON(d))
 }
 
 func deploymentError(name string, err error) *openai.Error {

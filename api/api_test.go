@@ -14,6 +14,8 @@ import (
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
+	"github.com/stokehq/stoke/runtime"
+	"github.com/stokehq/stoke/scaler/reconcile"
 )
 
 // storeDeployments serves deployments straight from a real state store.
@@ -29,6 +31,15 @@ func (s storeDeployments) UpdateSpec(ctx context.Context, name string, spec json
 	}
 	d.Spec = spec
 	return d, s.PutDeployment(ctx, d)
+}
+
+// Status reports a fixed live state for chat, as a controller with two
+// ready replicas would.
+func (s storeDeployments) Status(name string) (reconcile.Status, bool) {
+	if name != "chat" {
+		return reconcile.Status{}, false
+	}
+	return reconcile.Status{Ready: 2, Desired: 2, Reason: "concurrency: stable avg 9.0 / target 8 → 2", LastColdStart: runtime.TierCache}, true
 }
 
 func TestAPI(t *testing.T) {
@@ -73,6 +84,7 @@ func TestAPI(t *testing.T) {
 		{"chat reaches the activator", "POST", "/v1/chat/completions", `{}`, 200, `"ok":true`},
 		{"list deployments", "GET", "/admin/deployments", "", 200, `"revision":"sha256:a"`},
 		{"get a deployment", "GET", "/admin/deployments/chat", "", 200, `"name":"chat"`},
+		{"a deployment's live status", "GET", "/admin/deployments/chat", "", 200, `"status":{"ready":2,"pending":0,"draining":0,"desired":2,"panic":false,"reason":"concurrency: stable avg 9.0 / target 8 → 2","last_cold_start":"t2"}`},
 		{"missing deployment", "GET", "/admin/deployments/nope", "", 404, "model_not_found"},
 		{"update a spec", "PUT", "/admin/deployments/chat", `{"spec":{"replicas":{"min":1,"max":3}}}`, 200, `"max":3`},
 		{"bad spec", "PUT", "/admin/deployments/chat", `{"replicas":{"min":5,"max":3}}`, 400, "replicas.max"},

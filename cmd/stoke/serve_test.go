@@ -342,6 +342,16 @@ func TestServeScalesThroughPanic(t *testing.T) {
 		panicked = panicked || metricValue(t, base, `stoke_scaler_panic{deployment="chat"}`) == 1
 		return panicked
 	})
+	var dep struct {
+		Status struct {
+			Ready, Desired int
+			Reason         string
+		}
+	}
+	waitUntil(t, "the deployment's status shows 5 ready and desired, with the scaler's reason", 10*time.Second, func() bool {
+		getJSON(t, base+"/admin/deployments/chat", &dep)
+		return dep.Status.Ready >= 5 && dep.Status.Desired >= 5 && dep.Status.Reason != ""
+	})
 	cancel()
 	select {
 	case err := <-errs:

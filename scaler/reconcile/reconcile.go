@@ -355,6 +355,39 @@ func (c *Controller) Poke(name string) {
 	}
 }
 
+// Status is a deployment's live state as the controller sees it.
+type Status struct {
+	// Ready replicas serve requests; Pending ones are being acquired and
+	// Draining ones released.
+	Ready    int `json:"ready"`
+	Pending  int `json:"pending"`
+	Draining int `json:"draining"`
+	// Desired is the scaler's latest decision, Reason why, and Panic
+	// whether it was in panic mode.
+	Desired int    `json:"desired"`
+	Panic   bool   `json:"panic"`
+	Reason  string `json:"reason,omitempty"`
+	// LastColdStart is the tier of the latest acquisition ("" before
+	// the first).
+	LastColdStart runtime.Tier `json:"last_cold_start,omitempty"`
+}
+
+// Status returns a deployment's live state.
+func (c *Controller) Status(name string) (Status, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.deps[name]
+	if !ok {
+		return Status{}, false
+	}
+	st := Status{Ready: len(d.replicas) - len(d.draining), Pending: d.pending, Draining: len(d.draining),
+		Desired: d.last.Desired, Panic: d.last.Panic, Reason: d.last.Reason}
+	if d.lastAcq != nil {
+		st.LastColdStart = d.lastAcq.Tier
+	}
+	return st, true
+}
+
 // Deployments implements api.Deployments.
 func (c *Controller) Deployments(ctx context.Context) ([]store.Deployment, error) {
 	return c.opts.Store.Deployments(ctx)
