@@ -172,7 +172,8 @@ type Breakdown struct {
 	Load time.Duration `json:"load_seconds"`
 	// Wake is waking a sleeping replica (T1).
 	Wake time.Duration `json:"wake_seconds"`
-	// Warmup is the first one-token completion.
+	// Warmup is a one-token completion that checks freshly loaded
+	// weights serve (not after a wake).
 	Warmup time.Duration `json:"warmup_seconds"`
 	// Total is the whole acquisition.
 	Total time.Duration `json:"total_seconds"`
@@ -410,11 +411,13 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 			rep.Tier = TierCache
 		}
 	}
-	t := time.Now()
-	if err := r.client.Complete(ctx, model, []int32{1}); err != nil {
-		return fail(fmt.Errorf("warm-up: %w", err))
+	if how != claimSleeping { // a woken replica's weights have served before
+		t := time.Now()
+		if err := r.client.Complete(ctx, model, []int32{1}); err != nil {
+			return fail(fmt.Errorf("warm-up: %w", err))
+		}
+		rep.Breakdown.Warmup = time.Since(t)
 	}
-	rep.Breakdown.Warmup = time.Since(t)
 	m.setState(r, StateReady, model, "")
 	rep.Breakdown.Total = time.Since(start)
 	m.fillPool()
