@@ -132,7 +132,7 @@ func TestEngineLoadsFromBucket(t *testing.T) {
 		if st.State != "ready" || st.Model != "tiny" || st.Load.Tier != tier || st.Load.Revision != rev || !st.Load.Done || st.Load.Bytes != st.Load.Total || st.Load.Total == 0 {
 			t.Fatalf("state %s, want ready tiny loaded from %s at %s", body, tier, rev)
 		}
-		status, body = call(http.MethodPost, "/v1/completions", `{"model":"tiny","prompt":"hello","max_tokens":4}`)
+		status, body = call(http.MethodPost, "/v1/completions", `{"model":"tiny","prompt":"hello","max_tokens":4,"ignore_eos":true}`)
 		if status != http.StatusOK || !strings.Contains(body, `"completion_tokens":4`) {
 			t.Fatalf("completion: %d %s", status, body)
 		}
