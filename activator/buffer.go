@@ -235,8 +235,7 @@ func (b *Buffer) Acquire(ctx context.Context, priority int, deadline time.Time, 
 		}
 		return Ticket{}, ErrDeadline
 	}
-	var w *bufferWaiter // made only when the request has to wait
-	for {
+	for { // leaves with b.mu held, to queue the request
 		if err := ctx.Err(); err != nil {
 			return Ticket{}, err
 		}
@@ -244,12 +243,6 @@ func (b *Buffer) Acquire(ctx context.Context, priority int, deadline time.Time, 
 		if b.queue.Len() > 0 || b.settling > 0 {
 			// Others wait or are being served: queue behind them; they
 			// pass wake-ups on, so this request needs no try of its own.
-			w = newAcquireWaiter(priority)
-			err := b.enqueueLocked(w)
-			b.mu.Unlock()
-			if err != nil {
-				return Ticket{}, err
-			}
 			break
 		}
 		epoch := b.epoch.Load()
@@ -258,18 +251,17 @@ func (b *Buffer) Acquire(ctx context.Context, priority int, deadline time.Time, 
 			return Ticket{Priority: priority}, nil
 		}
 		b.mu.Lock()
-		if b.epoch.Load() != epoch {
-			// A Notify came while try ran: room may have freed; try again.
-			b.mu.Unlock()
-			continue
+		if b.epoch.Load() == epoch {
+			break
 		}
-		w = newAcquireWaiter(priority)
-		err := b.enqueueLocked(w)
+		// A Notify came while try ran: room may have freed; try again.
 		b.mu.Unlock()
-		if err != nil {
-			return Ticket{}, err
-		}
-		break
+	}
+	w := newAcquireWaiter(priority)
+	err := b.enqueueLocked(w)
+	b.mu.Unlock()
+	if err != nil {
+		return Ticket{}, err
 	}
 	start := time.Now()
 	if b.onQueued != nil {
