@@ -170,6 +170,29 @@ type deployment struct {
 	arrivals int64
 }
 
+// serving returns the ids of its replicas not being released.
+func (d *deployment) serving() []string {
+	ids := make([]string, 0, len(d.replicas))
+	for id := range d.replicas {
+		if !d.draining[id] {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// forget drops replica id from its books, reporting whether it was there.
+func (d *deployment) forget(id string) bool {
+	_, ok := d.replicas[id]
+	delete(d.replicas, id)
+	delete(d.draining, id)
+	if cl, ok := d.clients[id]; ok {
+		cl.Close()
+		delete(d.clients, id)
+	}
+	return ok
+}
+
 // New returns a controller over the deployments in opts.Store.
 func New(ctx context.Context, opts Options) (*Controller, error) {
 	if opts.Interval <= 0 {
@@ -424,13 +447,7 @@ func (c *Controller) OnRuntimeEvent(e runtime.Event) {
 	c.mu.Lock()
 	var dep string
 	for name, d := range c.deps {
-		if _, ok := d.replicas[e.Runtime]; ok {
-			delete(d.replicas, e.Runtime)
-			delete(d.draining, e.Runtime)
-			if cl, ok := d.clients[e.Runtime]; ok {
-				cl.Close()
-				delete(d.clients, e.Runtime)
-			}
+		if d.forget(e.Runtime) {
 			dep = name
 		}
 	}
@@ -526,19 +543,13 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 	d.last = dec
 	var start int
 	var release []string
-	serving := ready - len(d.draining)
+	serving := d.serving()
 	switch {
-	case dec.Desired > serving+d.pending:
-		start = dec.Desired - serving - d.pending
+	case dec.Desired > len(serving)+d.pending:
+		start = dec.Desired - len(serving) - d.pending
 		d.pending += start
-	case dec.Desired < serving:
-		ids := make([]string, 0, serving)
-		for id := range d.replicas {
-			if !d.draining[id] {
-				ids = append(ids, id)
-			}
-		}
-		release = leastBusy(ids, serving-dec.Desired, func(id string) int { return c.opts.Router.InFlight(name, id) })
+	case dec.Desired < len(serving):
+		release = leastBusy(serving, len(serving)-dec.Desired, func(id string) int { return c.opts.Router.InFlight(name, id) })
 		for _, id := range release {
 			d.draining[id] = true
 		}
@@ -606,13 +617,7 @@ func (c *Controller) release(ctx context.Context, name, id string) {
 	defer c.wg.Done()
 	c.opts.Router.RemoveReplica(ctx, name, id)
 	c.mu.Lock()
-	d := c.deps[name]
-	delete(d.replicas, id)
-	if cl, ok := d.clients[id]; ok {
-		cl.Close()
-		delete(d.clients, id)
-	}
-	delete(d.draining, id)
+	c.deps[name].forget(id)
 	c.mu.Unlock()
 	if err := c.opts.Runtimes.Release(ctx, id); err != nil {
 		c.log.Warn("release a replica", "deployment", name, "runtime", id, "err", err)
@@ -674,12 +679,9 @@ func (c *Controller) Prepare(ctx context.Context, name string, tier runtime.Tier
 		}
 		c.mu.Lock()
 	}
-	ids := make([]string, 0, len(d.replicas))
-	for id := range d.replicas {
-		if !d.draining[id] {
-			ids = append(ids, id)
-			d.draining[id] = true
-		}
+	ids := d.serving()
+	for _, id := range ids {
+		d.draining[id] = true
 	}
 	revision = d.d.Revision
 	c.mu.Unlock()
