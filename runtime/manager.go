@@ -540,20 +540,18 @@ func (m *Manager) claim(model, revision string) (*runtimeState, claimKind, error
 // evictSleeper unloads an idle sleeping replica so its runtime can take a
 // new model; waitWarm waits for it like for a starting runtime.
 func (m *Manager) evictSleeper(r *runtimeState) {
-	m.setState(r, StateDraining, "", "evicted for another model")
 	ctx, cancel := context.WithTimeout(context.Background(), m.opts.StopGrace)
-	err := r.client.Unload(ctx)
+	err := m.unloadToBlank(ctx, r, "evicted for another model")
 	cancel()
-	if err != nil {
-		m.markGone(r, fmt.Sprintf("unload failed: %v", err))
-		return
+	if err == nil { // wake the acquisition waiting for it
+		m.mu.Lock()
+		close(r.warm)
+		m.mu.Unlock()
 	}
-	m.closeView(r)
-	m.becameBlank(r)
 }
 
-// becameBlank records that a starting or evicted runtime serves its blank
-// state, waking whoever waits for it.
+// becameBlank records that a starting runtime serves its blank state,
+// waking whoever waits for it.
 func (m *Manager) becameBlank(r *runtimeState) {
 	m.setState(r, StateBlank, "", "")
 	m.mu.Lock()
@@ -614,14 +612,8 @@ func (m *Manager) Release(ctx context.Context, id string) error {
 			return fmt.Errorf("release %s: %w", id, err)
 		}
 		m.setState(r, StateSleeping, r.model, "")
-	} else {
-		m.setState(r, StateDraining, r.model, "")
-		if err := r.client.Unload(ctx); err != nil {
-			m.markGone(r, fmt.Sprintf("unload failed: %v", err))
-			return fmt.Errorf("release %s: %w", id, err)
-		}
-		m.closeView(r)
-		m.setState(r, StateBlank, "", "")
+	} else if err := m.unloadToBlank(ctx, r, ""); err != nil {
+		return fmt.Errorf("release %s: %w", id, err)
 	}
 	m.mu.Lock()
 	r.inUse, r.lastUsed = false, time.Now()
@@ -658,10 +650,19 @@ func (m *Manager) Unload(ctx context.Context, id string) error {
 		r.inUse = false
 		m.mu.Unlock()
 	}()
-	m.setState(r, StateDraining, r.model, "unloaded by an operator")
+	if err := m.unloadToBlank(ctx, r, "unloaded by an operator"); err != nil {
+		return fmt.Errorf("unload %s: %w", id, err)
+	}
+	return nil
+}
+
+// unloadToBlank unloads a runtime's model (draining → blank); a runtime
+// whose engine fails to unload is gone.
+func (m *Manager) unloadToBlank(ctx context.Context, r *runtimeState, reason string) error {
+	m.setState(r, StateDraining, r.model, reason)
 	if err := r.client.Unload(ctx); err != nil {
 		m.markGone(r, fmt.Sprintf("unload failed: %v", err))
-		return fmt.Errorf("unload %s: %w", id, err)
+		return err
 	}
 	m.closeView(r)
 	m.setState(r, StateBlank, "", "")
