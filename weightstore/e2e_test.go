@@ -138,16 +138,16 @@ func TestPushAndPlainUploadBecomeRevisionsThatLoad(t *testing.T) {
 // watcher's manifest.json aside).
 func checkSame(t *testing.T, res *loader.Result, dir string) {
 	t.Helper()
+	files, ok := res.Files()
+	if !ok {
+		t.Fatal("the loaded memory is not host-addressable")
+	}
 	for _, f := range res.Manifest.Files {
 		want, err := os.ReadFile(filepath.Join(dir, f.Name))
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := res.Host[f.Name]
-		if b, ok := res.Device[f.Name]; ok {
-			got = b.(device.HostMemory).Bytes()[:b.Size()]
-		}
-		if !bytes.Equal(got, want) {
+		if got := files[f.Name]; !bytes.Equal(got, want) {
 			t.Fatalf("%s: loaded bytes differ from the source", f.Name)
 		}
 	}

@@ -130,17 +130,11 @@ func (o Options) fromBucket(ctx context.Context, req server.LoadRequest, progres
 	}
 	progress(server.LoadProgress{Revision: res.Manifest.Revision, Tier: string(res.Tier), Bytes: res.Manifest.TotalBytes,
 		TotalBytes: res.Manifest.TotalBytes, GBps: float64(res.Manifest.TotalBytes) / res.Elapsed.Seconds() / 1e9, ElapsedSeconds: res.Elapsed.Seconds()})
-	files := make(map[string][]byte, len(res.Device)+len(res.Host))
-	for name, data := range res.Host {
-		files[name] = data
-	}
-	for name, buf := range res.Device {
-		hm, ok := buf.(device.HostMemory)
-		if !ok {
-			res.Free()
-			return nil, fmt.Errorf("load %s: the CPU engine cannot compute on %s memory", req, o.Device.Name())
-		}
-		files[name] = hm.Bytes()[:buf.Size()]
+	files, ok := res.Files()
+	if !ok {
+		tok()
+		res.Free()
+		return nil, fmt.Errorf("load %s: the CPU engine cannot compute on %s memory", req, o.Device.Name())
 	}
 	ck, err := checkpoint.OpenMemory(req.String(), files)
 	if err != nil {

@@ -96,6 +96,23 @@ func (r *Result) Free() error {
 	return errors.Join(errs...)
 }
 
+// Files returns every file's loaded bytes by name; ok is false when some
+// device memory is not host-addressable (only the CPU device's is).
+func (r *Result) Files() (files map[string][]byte, ok bool) {
+	files = make(map[string][]byte, len(r.Device)+len(r.Host))
+	for name, data := range r.Host {
+		files[name] = data
+	}
+	for name, buf := range r.Device {
+		hm, ok := buf.(device.HostMemory)
+		if !ok {
+			return nil, false
+		}
+		files[name] = hm.Bytes()[:buf.Size()]
+	}
+	return files, true
+}
+
 // OnDevice reports whether a revision file belongs in device memory.
 func OnDevice(name string) bool { return strings.HasSuffix(name, ".safetensors") }
 

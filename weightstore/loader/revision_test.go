@@ -46,16 +46,16 @@ func pushTo(t *testing.T, root bucket.Bucket, open func(url string) bucket.Bucke
 // checkSame fails unless res holds exactly the files of dir.
 func checkSame(t *testing.T, res *Result, dir string) {
 	t.Helper()
+	files, ok := res.Files()
+	if !ok {
+		t.Fatal("the loaded memory is not host-addressable")
+	}
 	for _, f := range res.Manifest.Files {
 		want, err := os.ReadFile(filepath.Join(dir, f.Name))
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := res.Host[f.Name]
-		if b, ok := res.Device[f.Name]; ok {
-			got = b.(device.HostMemory).Bytes()[:b.Size()]
-		}
-		if !bytes.Equal(got, want) {
+		if got := files[f.Name]; !bytes.Equal(got, want) {
 			t.Fatalf("%s: loaded %d bytes that differ from the source's %d", f.Name, len(got), len(want))
 		}
 	}
