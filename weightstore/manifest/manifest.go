@@ -6,16 +6,19 @@
 package manifest
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/stokehq/stoke/internal/ctxio"
 	"github.com/stokehq/stoke/internal/dtype"
 )
 
@@ -69,6 +72,17 @@ func Revision(files []File) string {
 		h.Write([]byte(l))
 	}
 	return RevisionPrefix + hex.EncodeToString(h.Sum(nil))
+}
+
+// Hash reads r to its end, as a file's content, and returns its size and
+// lowercase hex sha256 (File.Size and File.SHA256); it stops when ctx ends.
+func Hash(ctx context.Context, r io.Reader) (size int64, sum string, err error) {
+	h := sha256.New()
+	size, err = io.CopyBuffer(h, ctxio.Reader(ctx, r), make([]byte, 1<<20))
+	if err != nil {
+		return 0, "", err
+	}
+	return size, hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // Parse decodes and validates a manifest.

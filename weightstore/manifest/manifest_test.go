@@ -2,7 +2,9 @@ package manifest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -185,5 +187,27 @@ func TestCheckName(t *testing.T) {
 		if err := CheckName(name); (err == nil) != ok {
 			t.Errorf("CheckName(%q) = %v, want ok=%v", name, err, ok)
 		}
+	}
+}
+
+func TestHash(t *testing.T) {
+	cases := []struct {
+		name, content, sum string
+	}{
+		{"empty", "", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+		{"abc", "abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			n, sum, err := Hash(context.Background(), strings.NewReader(tc.content))
+			if err != nil || n != int64(len(tc.content)) || sum != tc.sum {
+				t.Fatalf("Hash = %d, %s, %v; want %d, %s", n, sum, err, len(tc.content), tc.sum)
+			}
+		})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := Hash(ctx, strings.NewReader("abc")); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Hash after cancel: %v, want context.Canceled", err)
 	}
 }

@@ -9,8 +9,6 @@ package push
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,7 +23,6 @@ import (
 	"golang.org/x/sync/errgroup"
 	"gopkg.in/yaml.v3"
 
-	"github.com/stokehq/stoke/internal/ctxio"
 	"github.com/stokehq/stoke/internal/dtype"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/checkpoint"
@@ -279,12 +276,11 @@ func hashFile(ctx context.Context, path string) (int64, string, error) {
 		return 0, "", fmt.Errorf("hash %s: %w", path, err)
 	}
 	defer f.Close()
-	h := sha256.New()
-	n, err := io.CopyBuffer(h, ctxio.Reader(ctx, f), make([]byte, 1<<20))
+	n, sum, err := manifest.Hash(ctx, f)
 	if err != nil {
 		return 0, "", fmt.Errorf("hash %s: %w", path, err)
 	}
-	return n, hex.EncodeToString(h.Sum(nil)), nil
+	return n, sum, nil
 }
 
 // readSpec converts dir's stoke.yaml, if any, to a JSON object.
@@ -385,11 +381,11 @@ func remoteSHA256(ctx context.Context, dest bucket.Bucket, key string) (string, 
 		return "", fmt.Errorf("verify %s: %w", key, err)
 	}
 	defer r.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, r); err != nil {
+	_, sum, err := manifest.Hash(ctx, r)
+	if err != nil {
 		return "", fmt.Errorf("verify %s: %w", key, err)
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return sum, nil
 }
 
 func cmpDesc(a, b int64) int {

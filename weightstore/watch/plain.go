@@ -8,14 +8,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 
 	"golang.org/x/sync/errgroup"
 	"gopkg.in/yaml.v3"
 
-	"github.com/stokehq/stoke/internal/ctxio"
 	"github.com/stokehq/stoke/internal/dtype"
 	"github.com/stokehq/stoke/internal/store"
 	"github.com/stokehq/stoke/weightstore/bucket"
@@ -175,15 +173,14 @@ func (w *Watcher) hash(ctx context.Context, key string, size int64) (string, err
 		return "", fmt.Errorf("hash %s: %w", key, err)
 	}
 	defer r.Close()
-	h := sha256.New()
-	n, err := io.CopyBuffer(h, ctxio.Reader(ctx, r), make([]byte, 1<<20))
+	n, sum, err := manifest.Hash(ctx, r)
 	if err != nil {
 		return "", fmt.Errorf("hash %s: %w", key, err)
 	}
 	if n != size {
 		return "", errChanged
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return sum, nil
 }
 
 // commit writes the checked upload's manifest.json, the commit point, and
