@@ -32,6 +32,8 @@ var avx512Kernels = func() *kernelSet {
 		fp8ToF32:   fp8ToF32Asm,
 		axpy:       axpyAsm,
 		scale:      scaleAsm,
+		expSum:     expSumAsm,
+		siluMul:    siluMulAsm,
 	}
 }()
 
@@ -219,6 +221,15 @@ func scaleAsm(y []float32, alpha float32) {
 	scaleAVX512(&y[0], alpha, len(y))
 }
 
+func expSumAsm(x []float32, shift float32) float32 {
+	return expSumAVX512(&x[0], len(x), shift)
+}
+
+func siluMulAsm(gate, up []float32) {
+	_ = up[len(gate)-1]
+	siluMulAVX512(&gate[0], &up[0], len(gate))
+}
+
 // Implemented in kernels_amd64.s. Pointers are to the first element; strides
 // and lengths are in elements.
 
@@ -287,3 +298,9 @@ func axpyAVX512(y *float32, alpha float32, x *float32, n int)
 
 //go:noescape
 func scaleAVX512(y *float32, alpha float32, n int)
+
+//go:noescape
+func expSumAVX512(x *float32, n int, shift float32) float32
+
+//go:noescape
+func siluMulAVX512(gate *float32, up *float32, n int)

@@ -1345,3 +1345,155 @@ TEXT ·bf16Gemm2AVX512(SB), NOSPLIT, $0-89
 TEXT ·fp8Gemm2AVX512(SB), NOSPLIT, $0-89
 	FP8MASK
 	GEMM2(0, PF1, W4FP8, W4FP8TAIL, eq2, el20, el21, et2, es2)
+
+// EXPCONSTS loads the constants of EXP into Z20-Z31: the input clamp, the
+// split of ln 2 for range reduction, and the Cephes expf polynomial.
+#define EXPCONSTS \
+	MOVL $0x42b0c0a5, AX; VPBROADCASTD AX, Z20; \
+	MOVL $0xc2b0c0a5, AX; VPBROADCASTD AX, Z21; \
+	MOVL $0x3fb8aa3b, AX; VPBROADCASTD AX, Z22; \
+	MOVL $0x3f318000, AX; VPBROADCASTD AX, Z23; \
+	MOVL $0xb95e8083, AX; VPBROADCASTD AX, Z24; \
+	MOVL $0x39506967, AX; VPBROADCASTD AX, Z25; \
+	MOVL $0x3ab743ce, AX; VPBROADCASTD AX, Z26; \
+	MOVL $0x3c088908, AX; VPBROADCASTD AX, Z27; \
+	MOVL $0x3d2aa9c1, AX; VPBROADCASTD AX, Z28; \
+	MOVL $0x3e2aaaaa, AX; VPBROADCASTD AX, Z29; \
+	MOVL $0x3f000000, AX; VPBROADCASTD AX, Z30; \
+	MOVL $0x3f800000, AX; VPBROADCASTD AX, Z31
+
+// EXP replaces the 16 lanes of zx with exp(zx), within 2 ulp, clamping
+// the input to ±88.38 so the result stays finite. zn and zt are
+// clobbered; Z20-Z31 hold EXPCONSTS. exp(x) = 2^n · e^r with
+// n = round(x·log2 e) and r = x - n·ln 2; e^r is a degree-7 polynomial.
+#define EXP(zx, zn, zt) \
+	VMINPS       Z20, zx, zx; \
+	VMAXPS       Z21, zx, zx; \
+	VMULPS       Z22, zx, zn; \
+	VRNDSCALEPS  $0, zn, zn; \
+	VFNMADD231PS Z23, zn, zx; \
+	VFNMADD231PS Z24, zn, zx; \
+	VMOVAPS      Z25, zt; \
+	VFMADD213PS  Z26, zx, zt; \
+	VFMADD213PS  Z27, zx, zt; \
+	VFMADD213PS  Z28, zx, zt; \
+	VFMADD213PS  Z29, zx, zt; \
+	VFMADD213PS  Z30, zx, zt; \
+	VMULPS       zx, zt, zt; \
+	VFMADD213PS  zx, zx, zt; \
+	VADDPS       Z31, zt, zt; \
+	VSCALEFPS    zn, zt, zx
+
+// func expSumAVX512(x *float32, n int, shift float32) float32
+// x[j] = exp(x[j] - shift); returns Σ x[j].
+TEXT ·expSumAVX512(SB), NOSPLIT, $0-28
+	MOVQ         x+0(FP), DI
+	MOVQ         n+8(FP), CX
+	VBROADCASTSS shift+16(FP), Z19
+	EXPCONSTS
+	VPXORD       Z12, Z12, Z12
+	VPXORD       Z13, Z13, Z13
+	XORQ         BX, BX
+	MOVQ         CX, AX
+	ANDQ         $-32, AX
+	JZ           es16
+
+es32:
+	VMOVUPS (DI)(BX*4), Z0
+	VMOVUPS 64(DI)(BX*4), Z3
+	VSUBPS  Z19, Z0, Z0
+	VSUBPS  Z19, Z3, Z3
+	EXP(Z0, Z1, Z2)
+	EXP(Z3, Z4, Z5)
+	VMOVUPS Z0, (DI)(BX*4)
+	VMOVUPS Z3, 64(DI)(BX*4)
+	VADDPS  Z0, Z12, Z12
+	VADDPS  Z3, Z13, Z13
+	ADDQ    $32, BX
+	CMPQ    BX, AX
+	JB      es32
+
+es16:
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	CMPQ BX, AX
+	JAE  estail
+	VMOVUPS (DI)(BX*4), Z0
+	VSUBPS  Z19, Z0, Z0
+	EXP(Z0, Z1, Z2)
+	VMOVUPS Z0, (DI)(BX*4)
+	VADDPS  Z0, Z12, Z12
+	ADDQ    $16, BX
+
+estail:
+	ANDQ $15, CX
+	JZ   esreduce
+	TAILMASK
+	VMOVUPS.Z (DI)(BX*4), K1, Z0
+	VSUBPS    Z19, Z0, Z0
+	EXP(Z0, Z1, Z2)
+	VMOVUPS   Z0, K1, (DI)(BX*4)
+	VADDPS    Z0, Z12, K1, Z12
+
+esreduce:
+	VADDPS Z13, Z12, Z0
+	REDUCE1
+	VMOVSS X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// SILUMUL replaces gate's 16 lanes at mem offset off with
+// silu(gate)·up = gate·up / (1 + exp(-gate)). Z19 is zero.
+#define SILUMUL(off, zg, zx, zn, zt) \
+	VMOVUPS off(DI)(BX*4), zg; \
+	VSUBPS  zg, Z19, zx; \
+	EXP(zx, zn, zt); \
+	VADDPS  Z31, zx, zx; \
+	VMULPS  off(SI)(BX*4), zg, zg; \
+	VDIVPS  zx, zg, zg; \
+	VMOVUPS zg, off(DI)(BX*4)
+
+// func siluMulAVX512(gate *float32, up *float32, n int)
+// gate[j] = silu(gate[j]) * up[j].
+TEXT ·siluMulAVX512(SB), NOSPLIT, $0-24
+	MOVQ   gate+0(FP), DI
+	MOVQ   up+8(FP), SI
+	MOVQ   n+16(FP), CX
+	EXPCONSTS
+	VPXORD Z19, Z19, Z19
+	XORQ   BX, BX
+	MOVQ   CX, AX
+	ANDQ   $-32, AX
+	JZ     sm16
+
+sm32:
+	SILUMUL(0, Z0, Z1, Z2, Z3)
+	SILUMUL(64, Z4, Z5, Z6, Z7)
+	ADDQ $32, BX
+	CMPQ BX, AX
+	JB   sm32
+
+sm16:
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	CMPQ BX, AX
+	JAE  smtail
+	SILUMUL(0, Z0, Z1, Z2, Z3)
+	ADDQ $16, BX
+
+smtail:
+	ANDQ $15, CX
+	JZ   smdone
+	TAILMASK
+	VMOVUPS.Z (DI)(BX*4), K1, Z0
+	VMOVUPS.Z (SI)(BX*4), K1, Z4
+	VSUBPS    Z0, Z19, Z1
+	EXP(Z1, Z2, Z3)
+	VADDPS    Z31, Z1, Z1
+	VMULPS    Z4, Z0, Z0
+	VDIVPS    Z1, Z0, Z0
+	VMOVUPS   Z0, K1, (DI)(BX*4)
+
+smdone:
+	VZEROUPPER
+	RET

@@ -57,6 +57,11 @@ type kernelSet struct {
 	axpy func(y []float32, alpha float32, x []float32)
 	// scale multiplies y by alpha.
 	scale func(y []float32, alpha float32)
+	// expSum replaces x[j] with exp(x[j]-shift) and returns their sum;
+	// len(x) > 0.
+	expSum func(x []float32, shift float32) float32
+	// siluMul replaces gate[j] with silu(gate[j])*up[j]; len(up) >= len(gate) > 0.
+	siluMul func(gate, up []float32)
 }
 
 // fp8Unit is the factor by which raw FP8 results must be multiplied.
@@ -79,6 +84,8 @@ var genericKernels = kernelSet{
 	fp8ToF32:   fp8ToF32Go,
 	axpy:       axpyGo,
 	scale:      scaleGo,
+	expSum:     expSumGo,
+	siluMul:    siluMulGo,
 }
 
 // fp8Raw holds E4M3(b)/256 for every byte b (read-only).
@@ -222,5 +229,22 @@ func axpyGo(y []float32, alpha float32, x []float32) {
 func scaleGo(y []float32, alpha float32) {
 	for j := range y {
 		y[j] *= alpha
+	}
+}
+
+func expSumGo(x []float32, shift float32) float32 {
+	var sum float32
+	for j, v := range x {
+		e := float32(math.Exp(float64(v - shift)))
+		x[j] = e
+		sum += e
+	}
+	return sum
+}
+
+func siluMulGo(gate, up []float32) {
+	up = up[:len(gate)]
+	for j, g := range gate {
+		gate[j] = g / (1 + float32(math.Exp(float64(-g)))) * up[j]
 	}
 }

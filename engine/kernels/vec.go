@@ -25,3 +25,62 @@ func Scale(y []float32, alpha float32) {
 	}
 	best.scale(y, alpha)
 }
+
+// ExpSum replaces every x[j] with exp(x[j]-shift) and returns their sum:
+// the exponentials of a softmax, shifted by the row's maximum.
+func ExpSum(x []float32, shift float32) float32 {
+	if len(x) == 0 {
+		return 0
+	}
+	return best.expSum(x, shift)
+}
+
+// SiLUMul replaces every gate[j] with silu(gate[j])·up[j], where
+// silu(g) = g/(1+exp(-g)): the activation of a SwiGLU feed-forward layer,
+// over the first min(len(gate), len(up)) elements.
+func SiLUMul(gate, up []float32) {
+	n := min(len(gate), len(up))
+	if n == 0 {
+		return
+	}
+	best.siluMul(gate[:n], up[:n])
+}
+
+// MulRows stores Σ_j x[t*xs+j]·w[r*ws+j] into out[t*os+r] for t < nx and
+// r < nw: the products of nx rows of x with nw rows of w, every row k long,
+// on the calling goroutine. It serves products too small or too irregular
+// for [Pool.MatMul], such as attention's scores and weighted values, whose
+// rows lie at arbitrary strides in the KV cache.
+func MulRows(out []float32, os int, x []float32, xs, nx int, w []float32, ws, nw, k int) {
+	mulRows(best, out, os, x, xs, nx, w, ws, nw, k)
+}
+
+func mulRows(ks *kernelSet, out []float32, os int, x []float32, xs, nx int, w []float32, ws, nw, k int) {
+	if nx <= 0 || nw <= 0 {
+		return
+	}
+	if k <= 0 {
+		for t := range nx {
+			clear(out[t*os : t*os+nw])
+		}
+		return
+	}
+	if ks.f32Gemm != nil {
+		for t := 0; t < nx; t += 4 {
+			ks.f32Gemm(x[t*xs:], xs, min(4, nx-t), w, ws, k, nw, out[t*os:], os)
+		}
+		return
+	}
+	for t := range nx {
+		xt := x[t*xs : t*xs+k]
+		o := out[t*os : t*os+nw]
+		r := 0
+		for ; r+4 <= nw; r += 4 {
+			clear(o[r : r+4])
+			ks.f32Dot1x4(xt, w[r*ws:], ws, k, o[r:])
+		}
+		for ; r < nw; r++ {
+			o[r] = ks.dot(xt, w[r*ws:r*ws+k])
+		}
+	}
+}

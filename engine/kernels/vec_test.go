@@ -158,3 +158,87 @@ func TestSingleRowDots(t *testing.T) {
 		}
 	}
 }
+
+func TestMulRows(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	cases := []struct{ nx, nw, k int }{
+		{1, 1, 1}, {1, 16, 64}, {3, 16, 8}, {4, 5, 64}, {5, 16, 17}, {9, 64, 300}, {21, 3, 1000}, {2, 7, 0},
+	}
+	for _, c := range cases {
+		// Rows of x, w and out sit at strides wider than they are, as
+		// queries, cached keys and score rows do.
+		xs, ws, os := c.k+3, c.k+5, c.nw+2
+		x := randomVector(rng, c.nx*xs)
+		w := randomVector(rng, c.nw*ws)
+		for _, ks := range kernelSets() {
+			out := make([]float32, c.nx*os)
+			for i := range out {
+				out[i] = 42
+			}
+			mulRows(ks, out, os, x, xs, c.nx, w, ws, c.nw, c.k)
+			for tr := range c.nx {
+				for r := range os {
+					got := out[tr*os+r]
+					if r >= c.nw {
+						if got != 42 {
+							t.Fatalf("%s %+v: out[%d][%d] = %g, outside the product but written", ks.name, c, tr, r, got)
+						}
+						continue
+					}
+					var want, mag float64
+					for j := range c.k {
+						p := float64(x[tr*xs+j]) * float64(w[r*ws+j])
+						want += p
+						mag += math.Abs(p)
+					}
+					if math.Abs(float64(got)-want) > 1e-5*mag+1e-30 {
+						t.Fatalf("%s %+v: out[%d][%d] = %g, want %g", ks.name, c, tr, r, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestExpSumAndSiLUMul(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	special := []float32{0, -0, 1, -1, 88, -87, -100, -1000, 90, 1e-8, -1e-8, 0.5, -0.5}
+	for _, n := range vectorLengths {
+		if n == 0 {
+			continue
+		}
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = (rng.Float32()*2 - 1) * 30
+			if i < len(special) && n > 20 {
+				x[i] = special[i]
+			}
+		}
+		up := randomVector(rng, n)
+		const shift = float32(2.5)
+		for _, ks := range kernelSets() {
+			got := append([]float32(nil), x...)
+			sum := ks.expSum(got, shift)
+			var wantSum float64
+			for i, v := range x {
+				want := math.Exp(float64(v - shift))
+				wantSum += want
+				if math.Abs(float64(got[i])-want) > 1e-6*want+1e-37 {
+					t.Fatalf("%s expSum(len %d): exp(%g) = %g, want %g", ks.name, n, v-shift, got[i], want)
+				}
+			}
+			if math.Abs(float64(sum)-wantSum) > 1e-5*wantSum {
+				t.Fatalf("%s expSum(len %d) sum = %g, want %g", ks.name, n, sum, wantSum)
+			}
+
+			gate := append([]float32(nil), x...)
+			ks.siluMul(gate, up)
+			for i, g := range x {
+				want := float64(g) / (1 + math.Exp(-float64(g))) * float64(up[i])
+				if math.Abs(float64(gate[i])-want) > 1e-6*math.Abs(want)+1e-30 {
+					t.Fatalf("%s siluMul(len %d): silu(%g)*%g = %g, want %g", ks.name, n, g, up[i], gate[i], want)
+				}
+			}
+		}
+	}
+}

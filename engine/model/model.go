@@ -6,6 +6,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/stokehq/stoke/engine/kernels"
 	"github.com/stokehq/stoke/engine/kvcache"
@@ -19,6 +20,9 @@ type Model struct {
 	pool    *kernels.Pool
 	invFreq []float64
 	buf     buffers
+	attn    attentionPlan
+	// scratch recycles the attention jobs' working memory.
+	scratch sync.Pool
 }
 
 // New checks src against cfg and builds a model over its tensors. The model
@@ -134,6 +138,7 @@ func (m *Model) Forward(b *Batch, kv *kvcache.Cache, logits []float32) error {
 		}
 	}
 	m.ropeTables(b.Positions, buf.rope)
+	m.attn.plan(c, b)
 	for l := range m.w.Layers {
 		m.layer(l, b, kv)
 	}
@@ -172,7 +177,7 @@ func (m *Model) layer(l int, b *Batch, kv *kvcache.Cache) {
 	}
 	m.pool.MatMul(buf.gate, h, n, w.Gate)
 	m.pool.MatMul(buf.up, h, n, w.Up)
-	swiGLU(buf.gate, buf.up)
+	kernels.SiLUMul(buf.gate, buf.up)
 	m.pool.MatMul(h, buf.gate, n, w.Down)
 	kernels.AXPY(buf.x[:n*d], 1, h)
 }
@@ -213,46 +218,6 @@ func (m *Model) applyRope(n int) {
 	}
 }
 
-// attention computes, for every token and query head, softmax(q·K/√d)·V
-// over the token's sequence up to and including its position.
-func (m *Model) attention(l int, b *Batch, kv *kvcache.Cache) {
-	c, buf := &m.cfg, &m.buf
-	hd, heads, group := c.HeadDim, c.NumHeads, c.NumHeads/c.NumKVHeads
-	tokSize := c.NumKVHeads * hd
-	scale := float32(1 / math.Sqrt(float64(hd)))
-	m.pool.Parallel(len(b.Tokens)*heads, 1, func(lo, hi int) {
-		var scores []float32
-		for job := lo; job < hi; job++ {
-			i, h := job/heads, job%heads
-			pos := int(b.Positions[i])
-			table := b.BlockTables[b.Seqs[i]]
-			q := buf.q[(i*heads+h)*hd:][:hd]
-			out := buf.att[(i*heads+h)*hd:][:hd]
-			kvOff := (h / group) * hd
-			scores = grow(scores, pos+1)
-			maxScore := float32(math.Inf(-1))
-			for p := 0; p <= pos; p++ {
-				keys := kv.BlockKeys(l, table[p/kvcache.BlockSize])
-				s := kernels.Dot(q, keys[(p%kvcache.BlockSize)*tokSize+kvOff:][:hd]) * scale
-				scores[p] = s
-				maxScore = max(maxScore, s)
-			}
-			var sum float32
-			for p := range scores {
-				e := float32(math.Exp(float64(scores[p] - maxScore)))
-				scores[p] = e
-				sum += e
-			}
-			clear(out)
-			inv := 1 / sum
-			for p := 0; p <= pos; p++ {
-				values := kv.BlockValues(l, table[p/kvcache.BlockSize])
-				kernels.AXPY(out, scores[p]*inv, values[(p%kvcache.BlockSize)*tokSize+kvOff:][:hd])
-			}
-		}
-	})
-}
-
 // rmsNorm writes x / rms(x) * weight into dst.
 func rmsNorm(dst, x, weight []float32, eps float32) {
 	var ss float32
@@ -262,12 +227,5 @@ func rmsNorm(dst, x, weight []float32, eps float32) {
 	inv := float32(1 / math.Sqrt(float64(ss/float32(len(x))+eps)))
 	for i, v := range x {
 		dst[i] = v * inv * weight[i]
-	}
-}
-
-// swiGLU overwrites gate with silu(gate) * up.
-func swiGLU(gate, up []float32) {
-	for i, g := range gate {
-		gate[i] = g / (1 + float32(math.Exp(float64(-g)))) * up[i]
 	}
 }

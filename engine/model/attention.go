@@ -1,0 +1,223 @@
+package model
+
+import (
+	"math"
+
+	"github.com/stokehq/stoke/engine/kernels"
+	"github.com/stokehq/stoke/engine/kvcache"
+)
+
+// attentionScoreFloats bounds one attention job's score matrix (rows of
+// queries × cached positions), so that it stays in L2 with its queries.
+const attentionScoreFloats = 64 << 10
+
+// attentionMaxRows bounds the query rows (tokens × query heads of one KV
+// head) one attention job multiplies at once.
+const attentionMaxRows = 64
+
+// attentionPlan is how one forward call splits attention into jobs: each
+// job is one KV head of one sequence and a run of that sequence's tokens in
+// the batch, whose query heads sharing the KV head are multiplied with the
+// cached keys and values as one small matrix product.
+type attentionPlan struct {
+	// seqTokens lists, per sequence (block table), its tokens' indices in
+	// the batch, in position order.
+	seqTokens [][]int
+	// seqs are the sequences with tokens in the batch.
+	seqs []int
+	// context is, per sequence, the positions its last token attends to.
+	context []int
+	// shared lists the sequences split into several jobs, whose values
+	// are transposed once per layer for all of them; a sequence of one
+	// job transposes its own.
+	shared []int
+	// valuesAt is, per shared sequence, where its transposed values start
+	// in values, and -1 for the others.
+	valuesAt []int
+	// values holds the shared sequences' cached values transposed, per
+	// KV head [head_dim][context], so that weighting them is a row
+	// product too.
+	values []float32
+	jobs   []attentionJob
+}
+
+// attentionJob is a run [lo, hi) of sequence seq's tokens in the batch.
+type attentionJob struct{ seq, lo, hi int }
+
+// attentionScratch is one job's working memory.
+type attentionScratch struct{ queries, scores, values, out []float32 }
+
+// plan splits b's attention into jobs for every layer of this call.
+func (p *attentionPlan) plan(c *Config, b *Batch) {
+	for len(p.seqTokens) < len(b.BlockTables) {
+		p.seqTokens = append(p.seqTokens, nil)
+	}
+	for _, s := range p.seqs {
+		p.seqTokens[s] = p.seqTokens[s][:0]
+	}
+	p.seqs, p.shared, p.jobs = p.seqs[:0], p.shared[:0], p.jobs[:0]
+	p.context = grow32(p.context, len(b.BlockTables))
+	p.valuesAt = grow32(p.valuesAt, len(b.BlockTables))
+	for i, s := range b.Seqs {
+		if len(p.seqTokens[s]) == 0 {
+			p.seqs = append(p.seqs, int(s))
+		}
+		p.seqTokens[s] = append(p.seqTokens[s], i)
+	}
+	group := c.NumHeads / c.NumKVHeads
+	values := 0
+	for _, s := range p.seqs {
+		toks := p.seqTokens[s]
+		n := int(b.Positions[toks[len(toks)-1]]) + 1
+		per := max(1, min(attentionMaxRows, attentionScoreFloats/n)/group)
+		runs := (len(toks) + per - 1) / per
+		p.context[s], p.valuesAt[s] = n, -1
+		if runs > 1 {
+			p.shared = append(p.shared, s)
+			p.valuesAt[s] = values
+			values += c.NumKVHeads * c.HeadDim * n
+		}
+		// Later runs attend to more positions. Listing runs from both
+		// ends alternately keeps the contiguous ranges that the pool
+		// hands each thread about equal in cost.
+		for k := range runs {
+			r := k / 2
+			if k%2 == 1 {
+				r = runs - 1 - k/2
+			}
+			p.jobs = append(p.jobs, attentionJob{seq: s, lo: r * per, hi: min(len(toks), (r+1)*per)})
+		}
+	}
+	p.values = grow(p.values, values)
+}
+
+func grow32(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, n)
+	}
+	return s[:n]
+}
+
+// attention computes, for every token and query head, softmax(q·K/√d)·V
+// over the token's sequence up to and including its position.
+func (m *Model) attention(l int, b *Batch, kv *kvcache.Cache) {
+	c, p := &m.cfg, &m.attn
+	kvHeads := c.NumKVHeads
+	m.pool.Parallel(len(p.shared)*kvHeads, 1, func(lo, hi int) {
+		for job := lo; job < hi; job++ {
+			seq, kvHead := p.shared[job/kvHeads], job%kvHeads
+			n := p.context[seq]
+			dst := p.values[p.valuesAt[seq]+kvHead*c.HeadDim*n:][:c.HeadDim*n]
+			m.transposeValues(l, b.BlockTables[seq], kv, kvHead, n, dst)
+		}
+	})
+	m.pool.Parallel(len(p.jobs)*kvHeads, 1, func(lo, hi int) {
+		sc, _ := m.scratch.Get().(*attentionScratch)
+		if sc == nil {
+			sc = new(attentionScratch)
+		}
+		for job := lo; job < hi; job++ {
+			m.attend(l, b, kv, p.jobs[job/kvHeads], job%kvHeads, sc)
+		}
+		m.scratch.Put(sc)
+	})
+}
+
+// transposeValues copies the values that KV head kvHead cached for the
+// first n positions of the sequence with block table table into dst as
+// [head_dim][n].
+func (m *Model) transposeValues(l int, table []int32, kv *kvcache.Cache, kvHead, n int, dst []float32) {
+	hd, tokSize := m.cfg.HeadDim, m.cfg.NumKVHeads*m.cfg.HeadDim
+	for pos0 := 0; pos0 < n; pos0 += kvcache.BlockSize {
+		block := kv.BlockValues(l, table[pos0/kvcache.BlockSize])
+		for slot := range min(kvcache.BlockSize, n-pos0) {
+			v := block[slot*tokSize+kvHead*hd:][:hd]
+			for d, x := range v {
+				dst[d*n+pos0+slot] = x
+			}
+		}
+	}
+}
+
+// attend computes the attention of KV head kvHead's query heads for one
+// job's tokens: scores against every cached key of the sequence, a causal
+// softmax per row, then the weighted sum of the transposed values.
+func (m *Model) attend(l int, b *Batch, kv *kvcache.Cache, job attentionJob, kvHead int, sc *attentionScratch) {
+	c, p, buf := &m.cfg, &m.attn, &m.buf
+	hd, heads, group := c.HeadDim, c.NumHeads, c.NumHeads/c.NumKVHeads
+	tokSize := c.NumKVHeads * hd
+	toks := p.seqTokens[job.seq][job.lo:job.hi]
+	rows := len(toks) * group
+	n := int(b.Positions[toks[len(toks)-1]]) + 1
+	headsAt := kvHead * group * hd
+
+	q := grow(sc.queries, rows*hd)
+	sc.queries = q
+	for a, i := range toks {
+		copy(q[a*group*hd:(a+1)*group*hd], buf.q[i*heads*hd+headsAt:])
+	}
+	kernels.Scale(q, float32(1/math.Sqrt(float64(hd))))
+
+	scores := grow(sc.scores, rows*n)
+	sc.scores = scores
+	table := b.BlockTables[job.seq]
+	for pos0 := 0; pos0 < n; pos0 += kvcache.BlockSize {
+		keys := kv.BlockKeys(l, table[pos0/kvcache.BlockSize])[kvHead*hd:]
+		kernels.MulRows(scores[pos0:], n, q, hd, rows, keys, tokSize, min(kvcache.BlockSize, n-pos0), hd)
+	}
+	for r := range rows {
+		row := scores[r*n : (r+1)*n]
+		visible := int(b.Positions[toks[r/group]]) + 1
+		softmax(row[:visible])
+		clear(row[visible:])
+	}
+
+	out := grow(sc.out, rows*hd)
+	sc.out = out
+	var values []float32
+	stride := n
+	if at := p.valuesAt[job.seq]; at >= 0 {
+		stride = p.context[job.seq]
+		values = p.values[at+kvHead*hd*stride:]
+	} else {
+		values = grow(sc.values, hd*n)
+		sc.values = values
+		m.transposeValues(l, table, kv, kvHead, n, values)
+	}
+	kernels.MulRows(out, hd, scores, n, rows, values, stride, hd, n)
+	for a, i := range toks {
+		copy(buf.att[i*heads*hd+headsAt:][:group*hd], out[a*group*hd:])
+	}
+}
+
+// softmax replaces x with exp(x - max) / Σ exp(x - max).
+func softmax(x []float32) {
+	kernels.Scale(x, 1/kernels.ExpSum(x, maxOf(x)))
+}
+
+// maxOf returns the largest element of x, which holds no NaN.
+func maxOf(x []float32) float32 {
+	inf := float32(math.Inf(-1))
+	m0, m1, m2, m3 := inf, inf, inf, inf
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		if x[i] > m0 {
+			m0 = x[i]
+		}
+		if x[i+1] > m1 {
+			m1 = x[i+1]
+		}
+		if x[i+2] > m2 {
+			m2 = x[i+2]
+		}
+		if x[i+3] > m3 {
+			m3 = x[i+3]
+		}
+	}
+	for ; i < len(x); i++ {
+		if x[i] > m0 {
+			m0 = x[i]
+		}
+	}
+	return max(m0, m1, m2, m3)
+}
