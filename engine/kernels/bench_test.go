@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-// benchShapes are decode (n=1, memory bound) and prefill (n=64, compute
-// bound) products of Llama-sized layers, plus the tiny stories260K layer
+// benchShapes are decode (n=1, memory bound) and prefill (n=64 and 256,
+// compute bound) products of Llama-sized layers, plus the tiny stories260K layer
 // that measures per-call overhead.
 var benchShapes = []struct {
 	name          string
@@ -21,6 +21,7 @@ var benchShapes = []struct {
 	{name: "gemv_n1_14336x4096", n: 1, rows: 14336, cols: 4096},
 	{name: "gemm_n64_1024x1024", n: 64, rows: 1024, cols: 1024, naive: true},
 	{name: "gemm_n64_4096x4096", n: 64, rows: 4096, cols: 4096},
+	{name: "gemm_n256_768x2048", n: 256, rows: 768, cols: 2048},
 }
 
 var benchKinds = []weightKind{

@@ -12,28 +12,29 @@ var avx512Kernels = func() *kernelSet {
 		return nil
 	}
 	return &kernelSet{
-		name:       "avx512",
-		f32Dot4x4:  f32Dot4x4Asm,
-		f32Dot1x4:  f32Dot1x4Asm,
-		dot:        dotAsm,
-		bf16Dot4x4: bf16Dot4x4Asm,
-		bf16Dot1x4: bf16Dot1x4Asm,
-		bf16Dot:    bf16DotAsm,
-		fp8Dot4x4:  fp8Dot4x4Asm,
-		fp8Dot1x4:  fp8Dot1x4Asm,
-		fp8Dot:     fp8DotAsm,
-		f32Gemv:    f32GemvAsm,
-		bf16Gemv:   bf16GemvAsm,
-		fp8Gemv:    fp8GemvAsm,
-		f32Gemm:    f32GemmAsm,
-		bf16Gemm:   bf16GemmAsm,
-		fp8Gemm:    fp8GemmAsm,
-		bf16ToF32:  bf16ToF32Asm,
-		fp8ToF32:   fp8ToF32Asm,
-		axpy:       axpyAsm,
-		scale:      scaleAsm,
-		expSum:     expSumAsm,
-		siluMul:    siluMulAsm,
+		name:        "avx512",
+		f32Dot4x4:   f32Dot4x4Asm,
+		f32Dot1x4:   f32Dot1x4Asm,
+		dot:         dotAsm,
+		bf16Dot4x4:  bf16Dot4x4Asm,
+		bf16Dot1x4:  bf16Dot1x4Asm,
+		bf16Dot:     bf16DotAsm,
+		fp8Dot4x4:   fp8Dot4x4Asm,
+		fp8Dot1x4:   fp8Dot1x4Asm,
+		fp8Dot:      fp8DotAsm,
+		f32Gemv:     f32GemvAsm,
+		bf16Gemv:    bf16GemvAsm,
+		fp8Gemv:     fp8GemvAsm,
+		f32Gemm:     f32GemmAsm,
+		bf16Gemm:    bf16GemmAsm,
+		fp8Gemm:     fp8GemmAsm,
+		bf16ToF32:   bf16ToF32Asm,
+		fp8ToF32:    fp8ToF32Asm,
+		axpy:        axpyAsm,
+		scale:       scaleAsm,
+		expSum:      expSumAsm,
+		siluMul:     siluMulAsm,
+		addWeighted: addWeightedAsm,
 	}
 }()
 
@@ -225,6 +226,41 @@ func expSumAsm(x []float32, shift float32) float32 {
 	return expSumAVX512(&x[0], len(x), shift)
 }
 
+// addWeightedAsm runs the weighted-sum kernels on four rows of weights at
+// a time, 64 columns at a time and then 16 (the last ones masked). Rows
+// past nr repeat row 0's weights and accumulate into a discarded buffer.
+func addWeightedAsm(out []float32, os int, p []float32, ps, nr int, v []float32, vs, n, d int) {
+	_, _, _ = out[(nr-1)*os+d-1], p[(nr-1)*ps+n-1], v[(n-1)*vs+d-1]
+	var discard [64]float32
+	for r0 := 0; r0 < nr; r0 += 4 {
+		var ps4 [4]*float32
+		var os4 [4]int
+		for i := range 4 {
+			ps4[i], os4[i] = &p[r0*ps], -1
+			if r0+i < nr {
+				ps4[i], os4[i] = &p[(r0+i)*ps], (r0+i)*os
+			}
+		}
+		for j := 0; j < d; {
+			var o [4]*float32
+			for i := range 4 {
+				o[i] = &discard[0]
+				if os4[i] >= 0 {
+					o[i] = &out[os4[i]+j]
+				}
+			}
+			if d-j >= 64 {
+				wsum4x64AVX512(ps4[0], ps4[1], ps4[2], ps4[3], &v[j], vs, n, o[0], o[1], o[2], o[3])
+				j += 64
+				continue
+			}
+			cols := min(16, d-j)
+			wsum4x16AVX512(ps4[0], ps4[1], ps4[2], ps4[3], &v[j], vs, n, cols, o[0], o[1], o[2], o[3])
+			j += cols
+		}
+	}
+}
+
 func siluMulAsm(gate, up []float32) {
 	_ = up[len(gate)-1]
 	siluMulAVX512(&gate[0], &up[0], len(gate))
@@ -304,3 +340,9 @@ func expSumAVX512(x *float32, n int, shift float32) float32
 
 //go:noescape
 func siluMulAVX512(gate *float32, up *float32, n int)
+
+//go:noescape
+func wsum4x64AVX512(p0, p1, p2, p3 *float32, v *float32, vs, n int, o0, o1, o2, o3 *float32)
+
+//go:noescape
+func wsum4x16AVX512(p0, p1, p2, p3 *float32, v *float32, vs, n, cols int, o0, o1, o2, o3 *float32)

@@ -1497,3 +1497,124 @@ smtail:
 smdone:
 	VZEROUPPER
 	RET
+
+// WSUMROW adds the broadcast weight at mem times the four vectors
+// Z16-Z19 to the accumulators za-zd.
+#define WSUMROW(mem, zw, za, zb, zc, zd) \
+	VBROADCASTSS mem, zw; \
+	VFMADD231PS  Z16, zw, za; \
+	VFMADD231PS  Z17, zw, zb; \
+	VFMADD231PS  Z18, zw, zc; \
+	VFMADD231PS  Z19, zw, zd
+
+// func wsum4x64AVX512(p0, p1, p2, p3 *float32, v *float32, vs, n int, o0, o1, o2, o3 *float32)
+// o_r[j] += Σ_q p_r[q] * v[q*vs+j] for r < 4, j < 64, q < n (n >= 1).
+TEXT ·wsum4x64AVX512(SB), NOSPLIT, $0-88
+	MOVQ    p0+0(FP), R8
+	MOVQ    p1+8(FP), R9
+	MOVQ    p2+16(FP), R10
+	MOVQ    p3+24(FP), R11
+	MOVQ    v+32(FP), SI
+	MOVQ    vs+40(FP), DX
+	SHLQ    $2, DX
+	MOVQ    n+48(FP), CX
+	MOVQ    o0+56(FP), AX
+	MOVQ    o1+64(FP), R12
+	MOVQ    o2+72(FP), R13
+	MOVQ    o3+80(FP), R14
+	VMOVUPS (AX), Z0
+	VMOVUPS 64(AX), Z1
+	VMOVUPS 128(AX), Z2
+	VMOVUPS 192(AX), Z3
+	VMOVUPS (R12), Z4
+	VMOVUPS 64(R12), Z5
+	VMOVUPS 128(R12), Z6
+	VMOVUPS 192(R12), Z7
+	VMOVUPS (R13), Z8
+	VMOVUPS 64(R13), Z9
+	VMOVUPS 128(R13), Z10
+	VMOVUPS 192(R13), Z11
+	VMOVUPS (R14), Z12
+	VMOVUPS 64(R14), Z13
+	VMOVUPS 128(R14), Z14
+	VMOVUPS 192(R14), Z15
+	XORQ    BX, BX
+
+ws64:
+	VMOVUPS (SI), Z16
+	VMOVUPS 64(SI), Z17
+	VMOVUPS 128(SI), Z18
+	VMOVUPS 192(SI), Z19
+	WSUMROW((R8)(BX*4), Z20, Z0, Z1, Z2, Z3)
+	WSUMROW((R9)(BX*4), Z21, Z4, Z5, Z6, Z7)
+	WSUMROW((R10)(BX*4), Z22, Z8, Z9, Z10, Z11)
+	WSUMROW((R11)(BX*4), Z23, Z12, Z13, Z14, Z15)
+	ADDQ    DX, SI
+	INCQ    BX
+	CMPQ    BX, CX
+	JB      ws64
+
+	VMOVUPS Z0, (AX)
+	VMOVUPS Z1, 64(AX)
+	VMOVUPS Z2, 128(AX)
+	VMOVUPS Z3, 192(AX)
+	VMOVUPS Z4, (R12)
+	VMOVUPS Z5, 64(R12)
+	VMOVUPS Z6, 128(R12)
+	VMOVUPS Z7, 192(R12)
+	VMOVUPS Z8, (R13)
+	VMOVUPS Z9, 64(R13)
+	VMOVUPS Z10, 128(R13)
+	VMOVUPS Z11, 192(R13)
+	VMOVUPS Z12, (R14)
+	VMOVUPS Z13, 64(R14)
+	VMOVUPS Z14, 128(R14)
+	VMOVUPS Z15, 192(R14)
+	VZEROUPPER
+	RET
+
+// func wsum4x16AVX512(p0, p1, p2, p3 *float32, v *float32, vs, n, cols int, o0, o1, o2, o3 *float32)
+// o_r[j] += Σ_q p_r[q] * v[q*vs+j] for r < 4, j < cols (1 to 16), q < n
+// (n >= 1).
+TEXT ·wsum4x16AVX512(SB), NOSPLIT, $0-96
+	MOVQ      p0+0(FP), R8
+	MOVQ      p1+8(FP), R9
+	MOVQ      p2+16(FP), R10
+	MOVQ      p3+24(FP), R11
+	MOVQ      v+32(FP), SI
+	MOVQ      vs+40(FP), DX
+	SHLQ      $2, DX
+	MOVQ      cols+56(FP), CX
+	TAILMASK
+	MOVQ      n+48(FP), CX
+	MOVQ      o0+64(FP), AX
+	MOVQ      o1+72(FP), R12
+	MOVQ      o2+80(FP), R13
+	MOVQ      o3+88(FP), R14
+	VMOVUPS.Z (AX), K1, Z0
+	VMOVUPS.Z (R12), K1, Z1
+	VMOVUPS.Z (R13), K1, Z2
+	VMOVUPS.Z (R14), K1, Z3
+	XORQ      BX, BX
+
+ws16:
+	VMOVUPS.Z    (SI), K1, Z16
+	VBROADCASTSS (R8)(BX*4), Z20
+	VBROADCASTSS (R9)(BX*4), Z21
+	VBROADCASTSS (R10)(BX*4), Z22
+	VBROADCASTSS (R11)(BX*4), Z23
+	VFMADD231PS  Z16, Z20, Z0
+	VFMADD231PS  Z16, Z21, Z1
+	VFMADD231PS  Z16, Z22, Z2
+	VFMADD231PS  Z16, Z23, Z3
+	ADDQ         DX, SI
+	INCQ         BX
+	CMPQ         BX, CX
+	JB           ws16
+
+	VMOVUPS Z0, K1, (AX)
+	VMOVUPS Z1, K1, (R12)
+	VMOVUPS Z2, K1, (R13)
+	VMOVUPS Z3, K1, (R14)
+	VZEROUPPER
+	RET

@@ -62,6 +62,9 @@ type kernelSet struct {
 	expSum func(x []float32, shift float32) float32
 	// siluMul replaces gate[j] with silu(gate[j])*up[j]; len(up) >= len(gate) > 0.
 	siluMul func(gate, up []float32)
+	// addWeighted adds Σ_q p[r*ps+q]*v[q*vs+j] to out[r*os+j] for r < nr,
+	// j < d, q < n; nr, n, d >= 1.
+	addWeighted func(out []float32, os int, p []float32, ps, nr int, v []float32, vs, n, d int)
 }
 
 // fp8Unit is the factor by which raw FP8 results must be multiplied.
@@ -70,22 +73,23 @@ const fp8Unit = 256
 // genericKernels is the portable implementation, used by purego builds, on
 // other architectures and on CPUs without AVX2.
 var genericKernels = kernelSet{
-	name:       "go",
-	f32Dot4x4:  f32Dot4x4Go,
-	f32Dot1x4:  f32Dot1x4Go,
-	dot:        dotGo,
-	bf16Dot4x4: bf16Dot4x4Go,
-	bf16Dot1x4: bf16Dot1x4Go,
-	bf16Dot:    bf16DotGo,
-	fp8Dot4x4:  fp8Dot4x4Go,
-	fp8Dot1x4:  fp8Dot1x4Go,
-	fp8Dot:     fp8DotGo,
-	bf16ToF32:  bf16ToF32Go,
-	fp8ToF32:   fp8ToF32Go,
-	axpy:       axpyGo,
-	scale:      scaleGo,
-	expSum:     expSumGo,
-	siluMul:    siluMulGo,
+	name:        "go",
+	f32Dot4x4:   f32Dot4x4Go,
+	f32Dot1x4:   f32Dot1x4Go,
+	dot:         dotGo,
+	bf16Dot4x4:  bf16Dot4x4Go,
+	bf16Dot1x4:  bf16Dot1x4Go,
+	bf16Dot:     bf16DotGo,
+	fp8Dot4x4:   fp8Dot4x4Go,
+	fp8Dot1x4:   fp8Dot1x4Go,
+	fp8Dot:      fp8DotGo,
+	bf16ToF32:   bf16ToF32Go,
+	fp8ToF32:    fp8ToF32Go,
+	axpy:        axpyGo,
+	scale:       scaleGo,
+	expSum:      expSumGo,
+	siluMul:     siluMulGo,
+	addWeighted: addWeightedGo,
 }
 
 // fp8Raw holds E4M3(b)/256 for every byte b (read-only).
@@ -246,5 +250,14 @@ func siluMulGo(gate, up []float32) {
 	up = up[:len(gate)]
 	for j, g := range gate {
 		gate[j] = g / (1 + float32(math.Exp(float64(-g)))) * up[j]
+	}
+}
+
+func addWeightedGo(out []float32, os int, p []float32, ps, nr int, v []float32, vs, n, d int) {
+	for r := range nr {
+		o := out[r*os : r*os+d]
+		for q, w := range p[r*ps : r*ps+n] {
+			axpyGo(o, w, v[q*vs:q*vs+d])
+		}
 	}
 }

@@ -84,3 +84,14 @@ func mulRows(ks *kernelSet, out []float32, os int, x []float32, xs, nx int, w []
 		}
 	}
 }
+
+// AddWeightedRows adds Σ_q p[r*ps+q]·v[q*vs+j] to out[r*os+j] for r < nr
+// and j < d: each of nr rows of weights (n long) weighs n rows of v (d
+// long) into a row of out. It serves attention, whose cached values are
+// weighed by each query's softmax in place, at the stride of the KV cache.
+func AddWeightedRows(out []float32, os int, p []float32, ps, nr int, v []float32, vs, n, d int) {
+	if nr <= 0 || n <= 0 || d <= 0 {
+		return
+	}
+	best.addWeighted(out, os, p, ps, nr, v, vs, n, d)
+}

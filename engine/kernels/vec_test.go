@@ -242,3 +242,43 @@ func TestExpSumAndSiLUMul(t *testing.T) {
 		}
 	}
 }
+
+func TestAddWeightedRows(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	for _, nr := range []int{1, 3, 4, 5, 9} {
+		for _, n := range []int{1, 2, 16, 17} {
+			for _, d := range []int{1, 8, 16, 17, 64, 80, 128, 130} {
+				// Rows sit at strides wider than they are, as score
+				// rows and cached values do.
+				ps, vs, os := n+2, d+3, d+5
+				p := randomVector(rng, nr*ps)
+				v := randomVector(rng, n*vs)
+				start := randomVector(rng, nr*os)
+				for _, ks := range kernelSets() {
+					out := append([]float32(nil), start...)
+					ks.addWeighted(out, os, p, ps, nr, v, vs, n, d)
+					for r := range nr {
+						for j := range os {
+							got := out[r*os+j]
+							if j >= d {
+								if got != start[r*os+j] {
+									t.Fatalf("%s nr=%d n=%d d=%d: out[%d][%d] outside the sum was written", ks.name, nr, n, d, r, j)
+								}
+								continue
+							}
+							want, mag := float64(start[r*os+j]), math.Abs(float64(start[r*os+j]))
+							for q := range n {
+								x := float64(p[r*ps+q]) * float64(v[q*vs+j])
+								want += x
+								mag += math.Abs(x)
+							}
+							if math.Abs(float64(got)-want) > 1e-5*mag+1e-30 {
+								t.Fatalf("%s nr=%d n=%d d=%d: out[%d][%d] = %g, want %g", ks.name, nr, n, d, r, j, got, want)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}

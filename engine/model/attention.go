@@ -18,34 +18,22 @@ const attentionMaxRows = 64
 // attentionPlan is how one forward call splits attention into jobs: each
 // job is one KV head of one sequence and a run of that sequence's tokens in
 // the batch, whose query heads sharing the KV head are multiplied with the
-// cached keys and values as one small matrix product.
+// cached keys, and their softmax with the cached values, as small matrix
+// products.
 type attentionPlan struct {
 	// seqTokens lists, per sequence (block table), its tokens' indices in
 	// the batch, in position order.
 	seqTokens [][]int
 	// seqs are the sequences with tokens in the batch.
 	seqs []int
-	// context is, per sequence, the positions its last token attends to.
-	context []int
-	// shared lists the sequences split into several jobs, whose values
-	// are transposed once per layer for all of them; a sequence of one
-	// job transposes its own.
-	shared []int
-	// valuesAt is, per shared sequence, where its transposed values start
-	// in values, and -1 for the others.
-	valuesAt []int
-	// values holds the shared sequences' cached values transposed, per
-	// KV head [head_dim][context], so that weighting them is a row
-	// product too.
-	values []float32
-	jobs   []attentionJob
+	jobs []attentionJob
 }
 
 // attentionJob is a run [lo, hi) of sequence seq's tokens in the batch.
 type attentionJob struct{ seq, lo, hi int }
 
 // attentionScratch is one job's working memory.
-type attentionScratch struct{ queries, scores, values, out []float32 }
+type attentionScratch struct{ queries, scores, out []float32 }
 
 // plan splits b's attention into jobs for every layer of this call.
 func (p *attentionPlan) plan(c *Config, b *Batch) {
@@ -55,9 +43,7 @@ func (p *attentionPlan) plan(c *Config, b *Batch) {
 	for _, s := range p.seqs {
 		p.seqTokens[s] = p.seqTokens[s][:0]
 	}
-	p.seqs, p.shared, p.jobs = p.seqs[:0], p.shared[:0], p.jobs[:0]
-	p.context = grow32(p.context, len(b.BlockTables))
-	p.valuesAt = grow32(p.valuesAt, len(b.BlockTables))
+	p.seqs, p.jobs = p.seqs[:0], p.jobs[:0]
 	for i, s := range b.Seqs {
 		if len(p.seqTokens[s]) == 0 {
 			p.seqs = append(p.seqs, int(s))
@@ -65,18 +51,11 @@ func (p *attentionPlan) plan(c *Config, b *Batch) {
 		p.seqTokens[s] = append(p.seqTokens[s], i)
 	}
 	group := c.NumHeads / c.NumKVHeads
-	values := 0
 	for _, s := range p.seqs {
 		toks := p.seqTokens[s]
 		n := int(b.Positions[toks[len(toks)-1]]) + 1
 		per := max(1, min(attentionMaxRows, attentionScoreFloats/n)/group)
 		runs := (len(toks) + per - 1) / per
-		p.context[s], p.valuesAt[s] = n, -1
-		if runs > 1 {
-			p.shared = append(p.shared, s)
-			p.valuesAt[s] = values
-			values += c.NumKVHeads * c.HeadDim * n
-		}
 		// Later runs attend to more positions. Listing runs from both
 		// ends alternately keeps the contiguous ranges that the pool
 		// hands each thread about equal in cost.
@@ -88,29 +67,12 @@ func (p *attentionPlan) plan(c *Config, b *Batch) {
 			p.jobs = append(p.jobs, attentionJob{seq: s, lo: r * per, hi: min(len(toks), (r+1)*per)})
 		}
 	}
-	p.values = grow(p.values, values)
-}
-
-func grow32(s []int, n int) []int {
-	if cap(s) < n {
-		return make([]int, n)
-	}
-	return s[:n]
 }
 
 // attention computes, for every token and query head, softmax(q·K/√d)·V
 // over the token's sequence up to and including its position.
 func (m *Model) attention(l int, b *Batch, kv *kvcache.Cache) {
-	c, p := &m.cfg, &m.attn
-	kvHeads := c.NumKVHeads
-	m.pool.Parallel(len(p.shared)*kvHeads, 1, func(lo, hi int) {
-		for job := lo; job < hi; job++ {
-			seq, kvHead := p.shared[job/kvHeads], job%kvHeads
-			n := p.context[seq]
-			dst := p.values[p.valuesAt[seq]+kvHead*c.HeadDim*n:][:c.HeadDim*n]
-			m.transposeValues(l, b.BlockTables[seq], kv, kvHead, n, dst)
-		}
-	})
+	p, kvHeads := &m.attn, m.cfg.NumKVHeads
 	m.pool.Parallel(len(p.jobs)*kvHeads, 1, func(lo, hi int) {
 		sc, _ := m.scratch.Get().(*attentionScratch)
 		if sc == nil {
@@ -123,25 +85,10 @@ func (m *Model) attention(l int, b *Batch, kv *kvcache.Cache) {
 	})
 }
 
-// transposeValues copies the values that KV head kvHead cached for the
-// first n positions of the sequence with block table table into dst as
-// [head_dim][n].
-func (m *Model) transposeValues(l int, table []int32, kv *kvcache.Cache, kvHead, n int, dst []float32) {
-	hd, tokSize := m.cfg.HeadDim, m.cfg.NumKVHeads*m.cfg.HeadDim
-	for pos0 := 0; pos0 < n; pos0 += kvcache.BlockSize {
-		block := kv.BlockValues(l, table[pos0/kvcache.BlockSize])
-		for slot := range min(kvcache.BlockSize, n-pos0) {
-			v := block[slot*tokSize+kvHead*hd:][:hd]
-			for d, x := range v {
-				dst[d*n+pos0+slot] = x
-			}
-		}
-	}
-}
-
 // attend computes the attention of KV head kvHead's query heads for one
 // job's tokens: scores against every cached key of the sequence, a causal
-// softmax per row, then the weighted sum of the transposed values.
+// softmax per row, then the sum of the cached values so weighted, block by
+// block of the cache.
 func (m *Model) attend(l int, b *Batch, kv *kvcache.Cache, job attentionJob, kvHead int, sc *attentionScratch) {
 	c, p, buf := &m.cfg, &m.attn, &m.buf
 	hd, heads, group := c.HeadDim, c.NumHeads, c.NumHeads/c.NumKVHeads
@@ -174,17 +121,11 @@ func (m *Model) attend(l int, b *Batch, kv *kvcache.Cache, job attentionJob, kvH
 
 	out := grow(sc.out, rows*hd)
 	sc.out = out
-	var values []float32
-	stride := n
-	if at := p.valuesAt[job.seq]; at >= 0 {
-		stride = p.context[job.seq]
-		values = p.values[at+kvHead*hd*stride:]
-	} else {
-		values = grow(sc.values, hd*n)
-		sc.values = values
-		m.transposeValues(l, table, kv, kvHead, n, values)
+	clear(out)
+	for pos0 := 0; pos0 < n; pos0 += kvcache.BlockSize {
+		values := kv.BlockValues(l, table[pos0/kvcache.BlockSize])[kvHead*hd:]
+		kernels.AddWeightedRows(out, hd, scores[pos0:], n, rows, values, tokSize, min(kvcache.BlockSize, n-pos0), hd)
 	}
-	kernels.MulRows(out, hd, scores, n, rows, values, stride, hd, n)
 	for a, i := range toks {
 		copy(buf.att[i*heads*hd+headsAt:][:group*hd], out[a*group*hd:])
 	}
