@@ -46,6 +46,14 @@
 //   - x is processed in blocks that stay in L2 while W streams past; for
 //     large F32 products the columns are also blocked so that a 4-row W
 //     tile stays in L1.
+//   - Attention reads the paged KV cache in place, one 16-position block
+//     at a time: [MulRows] multiplies a run of queries with the block's
+//     keys (the small-batch kernels, at the cache's row stride), and
+//     [AddWeightedRows] adds the block's values weighed by each query's
+//     softmax, broadcasting one weight over 64 columns of four query rows
+//     per step, so values are neither transposed nor summed across lanes.
+//     [ExpSum] and [SiLUMul] evaluate exp 16 lanes at a time (a Cephes
+//     polynomial scaled by VSCALEFPS), for the softmax and for SwiGLU.
 //
 // On the 2-core Zen 4 development machine one core reaches about 90-100
 // GFLOP/s on F32 prefill (peak 117), and decode streams weights at close
