@@ -11,9 +11,9 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
-)
 
-const stories = "../../../shared/models/stories260K"
+	"github.com/stokehq/stoke/internal/testmodel"
+)
 
 // stoke runs the CLI in-process and returns its standard output.
 func stoke(t testing.TB, args ...string) (string, error) {
@@ -28,24 +28,9 @@ func stoke(t testing.TB, args ...string) (string, error) {
 }
 
 func TestGenerateMatchesGolden(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join(stories, "golden.json"))
-	if os.IsNotExist(err) {
-		t.Skipf("test model absent: %s", stories)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	var g struct {
-		Cases []struct {
-			Name       string  `json:"name"`
-			PromptIDs  []int32 `json:"prompt_ids"`
-			Completion []int32 `json:"greedy_completion_ids"`
-		} `json:"cases"`
-	}
-	if err := json.Unmarshal(raw, &g); err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range g.Cases {
+	cases := testmodel.Golden(t)
+	stories := testmodel.Dir(t)
+	for _, c := range cases {
 		t.Run(c.Name, func(t *testing.T) {
 			ids := make([]string, len(c.PromptIDs))
 			for i, id := range c.PromptIDs {
@@ -96,7 +81,7 @@ func TestSynthQuantizeGenerate(t *testing.T) {
 }
 
 func TestCLIErrors(t *testing.T) {
-	dir := t.TempDir()
+	dir, stories := t.TempDir(), testmodel.Path()
 	for _, tc := range []struct {
 		name string
 		args []string

@@ -3,9 +3,7 @@ package kernels
 import (
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -14,11 +12,8 @@ import (
 	"testing"
 
 	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/internal/testmodel"
 )
-
-// modelDir is the stories260K checkpoint, in the shared folder beside the
-// repository (this package is engine/kernels inside it).
-var modelDir = filepath.Join("..", "..", "..", "shared", "models", "stories260K")
 
 // loadF32Matrices reads every 2-D F32 tensor of a safetensors file.
 func loadF32Matrices(path string) (map[string]*Matrix, error) {
@@ -106,10 +101,7 @@ func quantize(m *Matrix, dt dtype.DType, block int) *Matrix {
 }
 
 func TestStories260KWeights(t *testing.T) {
-	mats, err := loadF32Matrices(filepath.Join(modelDir, "model.safetensors"))
-	if errors.Is(err, fs.ErrNotExist) {
-		t.Skipf("test model not present: %v", err)
-	}
+	mats, err := loadF32Matrices(filepath.Join(testmodel.Dir(t), "model.safetensors"))
 	if err != nil {
 		t.Fatal(err)
 	}

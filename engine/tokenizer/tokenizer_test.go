@@ -5,13 +5,14 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/stokehq/stoke/internal/testmodel"
 )
 
 func TestEncodeSentencePiece(t *testing.T) {
@@ -624,11 +625,7 @@ func TestLoad(t *testing.T) {
 		}
 	})
 	t.Run("stories260K has no tokenizer", func(t *testing.T) {
-		_, file, _, _ := runtime.Caller(0)
-		dir := filepath.Join(filepath.Dir(file), "..", "..", "..", "shared", "models", "stories260K")
-		if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
-			t.Skipf("test model not present: %v", err)
-		}
+		dir := testmodel.Dir(t)
 		if _, err := Load(dir); !errors.Is(err, ErrNoTokenizer) {
 			t.Fatalf("Load(%s) err = %v, want ErrNoTokenizer", dir, err)
 		}

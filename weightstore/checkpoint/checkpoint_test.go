@@ -13,35 +13,9 @@ import (
 	"github.com/stokehq/stoke/engine/model"
 	"github.com/stokehq/stoke/engine/sample"
 	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/internal/testmodel"
 	"github.com/stokehq/stoke/weightstore/fp8"
 )
-
-const stories = "../../../shared/models/stories260K"
-
-type goldenCase struct {
-	Name            string    `json:"name"`
-	PromptIDs       []int32   `json:"prompt_ids"`
-	Completion      []int32   `json:"greedy_completion_ids"`
-	FirstStepLogits []float32 `json:"first_step_logits"`
-}
-
-func golden(t *testing.T) []goldenCase {
-	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(stories, "golden.json"))
-	if os.IsNotExist(err) {
-		t.Skipf("test model absent: %s", stories)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	var g struct {
-		Cases []goldenCase `json:"cases"`
-	}
-	if err := json.Unmarshal(raw, &g); err != nil {
-		t.Fatal(err)
-	}
-	return g.Cases
-}
 
 func load(t *testing.T, dir string) *model.Model {
 	t.Helper()
@@ -71,7 +45,7 @@ func teacherForced(t *testing.T, m *model.Model, tokens []int32) [][]float32 {
 }
 
 func TestGoldenFirstStepLogits(t *testing.T) {
-	cases := golden(t)
+	cases, stories := testmodel.Golden(t), testmodel.Dir(t)
 	m := load(t, stories)
 	for _, c := range cases {
 		rows := teacherForced(t, m, c.PromptIDs)
@@ -88,7 +62,8 @@ func TestGoldenFirstStepLogits(t *testing.T) {
 
 func TestGoldenGreedyTeacherForced(t *testing.T) {
 	// Every greedy step of the reference, checked in one prefill.
-	for _, c := range golden(t) {
+	stories := testmodel.Dir(t)
+	for _, c := range testmodel.Golden(t) {
 		m := load(t, stories)
 		tokens := append(append([]int32{}, c.PromptIDs...), c.Completion...)
 		rows := teacherForced(t, m, tokens)
@@ -132,7 +107,7 @@ func (d dequantized) Lookup(name string) (model.Tensor, bool) {
 }
 
 func TestFP8QuantizedStories(t *testing.T) {
-	cases := golden(t)
+	cases, stories := testmodel.Golden(t), testmodel.Dir(t)
 	out := filepath.Join(t.TempDir(), "fp8")
 	if err := Quantize(context.Background(), stories, out, QuantizeOptions{Block: DefaultBlock}); err != nil {
 		t.Fatal(err)
@@ -193,9 +168,7 @@ func TestFP8QuantizedStories(t *testing.T) {
 }
 
 func TestOpenRejectsBrokenCheckpoints(t *testing.T) {
-	if _, err := os.Stat(stories); err != nil {
-		t.Skipf("test model absent: %s", stories)
-	}
+	stories := testmodel.Dir(t)
 	sharded := filepath.Join(t.TempDir(), "sharded")
 	if err := reshard(stories, sharded, 300<<10); err != nil {
 		t.Fatal(err)

@@ -2,9 +2,6 @@ package load
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +15,7 @@ import (
 	"github.com/stokehq/stoke/engine/sample"
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/server"
+	"github.com/stokehq/stoke/internal/testmodel"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/bucket/bucketest"
 	"github.com/stokehq/stoke/weightstore/checkpoint"
@@ -25,15 +23,11 @@ import (
 	"github.com/stokehq/stoke/weightstore/push"
 )
 
-const stories = "../../../shared/models/stories260K"
-
 // TestStoriesConcurrentMatchesAlone serves the real stories260K model the
 // way `stoke engine --model` does and checks that 32 concurrent greedy
 // requests produce exactly what each produces alone.
 func TestStoriesConcurrentMatchesAlone(t *testing.T) {
-	if _, err := os.Stat(stories); err != nil {
-		t.Skip("test model absent")
-	}
+	stories := testmodel.Dir(t)
 	opts := Options{Engine: server.EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 32}, PrefixCaching: true},
 		KVCacheBytes: 64 << 20, Threads: 2}
 	loaded, err := Checkpoint(opts)(context.Background(), server.LoadRequest{Path: stories}, nil)
@@ -98,9 +92,7 @@ func TestStoriesConcurrentMatchesAlone(t *testing.T) {
 }
 
 func TestCheckpointLoaderErrors(t *testing.T) {
-	if _, err := os.Stat(stories); err != nil {
-		t.Skip("test model absent")
-	}
+	stories := testmodel.Dir(t)
 	for _, tc := range []struct {
 		name, path string
 		opts       Options
@@ -132,23 +124,7 @@ func TestCheckpointLoaderErrors(t *testing.T) {
 // the bucket, then from the node cache) and checks both serve the golden
 // greedy completions of the reference implementation.
 func TestBucketSourceServesGolden(t *testing.T) {
-	if _, err := os.Stat(stories); err != nil {
-		t.Skip("test model absent")
-	}
-	raw, err := os.ReadFile(filepath.Join(stories, "golden.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var golden struct {
-		Cases []struct {
-			Name       string  `json:"name"`
-			Prompt     []int32 `json:"prompt_ids"`
-			Completion []int32 `json:"greedy_completion_ids"`
-		} `json:"cases"`
-	}
-	if err := json.Unmarshal(raw, &golden); err != nil {
-		t.Fatal(err)
-	}
+	cases, stories := testmodel.Golden(t), testmodel.Dir(t)
 	ctx := context.Background()
 	root := "file://" + t.TempDir()
 	dest, err := bucket.Open(ctx, root+"/stories", bucket.S3Options{})
@@ -179,8 +155,8 @@ func TestBucketSourceServesGolden(t *testing.T) {
 		}
 		runCtx, cancel := context.WithCancel(ctx)
 		go e.Run(runCtx)
-		for _, c := range golden.Cases {
-			s, err := e.Submit(core.Params{Prompt: c.Prompt, MaxTokens: len(c.Completion), Sampling: sample.Params{TopP: 1, Logprobs: -1}, IgnoreEOS: true})
+		for _, c := range cases {
+			s, err := e.Submit(core.Params{Prompt: c.PromptIDs, MaxTokens: len(c.Completion), Sampling: sample.Params{TopP: 1, Logprobs: -1}, IgnoreEOS: true})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stokehq/stoke/internal/testmodel"
 	"github.com/stokehq/stoke/weightstore/manifest"
 )
 
@@ -671,11 +672,8 @@ func TestDirSweep(t *testing.T) {
 }
 
 func TestDirStories260K(t *testing.T) {
-	src := filepath.Join("..", "..", "..", "shared", "models", "stories260K")
+	src := testmodel.Dir(t)
 	entries, err := os.ReadDir(src)
-	if errors.Is(err, os.ErrNotExist) {
-		t.Skipf("test model not found at %s", src)
-	}
 	if err != nil {
 		t.Fatal(err)
 	}

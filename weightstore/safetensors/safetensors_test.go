@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/internal/testmodel"
 )
 
 // rawFile assembles a safetensors file from a header JSON string and a data
@@ -477,10 +478,7 @@ func TestOpenErrors(t *testing.T) {
 }
 
 func TestStories260K(t *testing.T) {
-	path := filepath.Join("..", "..", "..", "shared", "models", "stories260K", "model.safetensors")
-	if _, err := os.Stat(path); err != nil {
-		t.Skipf("test model absent: %v", err)
-	}
+	path := filepath.Join(testmodel.Dir(t), "model.safetensors")
 	f, err := Open(path)
 	if err != nil {
 		t.Fatal(err)

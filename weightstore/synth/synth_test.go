@@ -3,7 +3,6 @@ package synth
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -20,6 +19,7 @@ import (
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/tokenizer"
 	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/internal/testmodel"
 	"github.com/stokehq/stoke/weightstore/checkpoint"
 )
 
@@ -144,26 +144,9 @@ func TestFP8Synthetic100MAgreesWithF32(t *testing.T) {
 	// logits are nearly flat (the median gap between its top two is ~0.08,
 	// while FP8 moves logits by ~0.26), so greedy agreement is far below
 	// what a trained model shows; the floor catches a broken quantiser.
-	raw, err := os.ReadFile("../../../shared/models/stories260K/golden.json")
-	if os.IsNotExist(err) {
-		t.Skip("golden prompts absent")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	var golden struct {
-		Cases []struct {
-			Name       string  `json:"name"`
-			PromptIDs  []int32 `json:"prompt_ids"`
-			Completion []int32 `json:"greedy_completion_ids"`
-		} `json:"cases"`
-	}
-	if err := json.Unmarshal(raw, &golden); err != nil {
-		t.Fatal(err)
-	}
 	vocab := a.Config().VocabSize
 	var agree, total int
-	for _, c := range golden.Cases {
+	for _, c := range testmodel.Golden(t) {
 		tokens := append(append([]int32{}, c.PromptIDs...), c.Completion...)
 		x, err := a.Score(tokens)
 		if err != nil {
