@@ -30,11 +30,9 @@ type bpeModel struct {
 	fallbackIDs  [256]int32 // ids of "<0xNN>" tokens, -1 where absent
 
 	// byteLevel means pre-tokens are raw bytes whose symbols are the
-	// byte-level alphabet; byteIDs holds each byte's token and rawVocab the
-	// vocabulary keyed by raw bytes (built only for ignore_merges).
+	// byte-level alphabet; byteIDs holds each byte's token.
 	byteLevel bool
 	byteIDs   [256]int32
-	rawVocab  map[string]int32
 
 	cache *wordCache
 }
@@ -51,15 +49,6 @@ func (m *bpeModel) encodeWord(word string, dst []int32) []int32 {
 	if word == "" {
 		return dst
 	}
-	if m.ignoreMerges {
-		v := m.vocab
-		if m.byteLevel {
-			v = m.rawVocab
-		}
-		if id, ok := v[word]; ok {
-			return append(dst, id)
-		}
-	}
 	cacheable := len(word) <= maxCachedWord
 	if cacheable {
 		if ids, ok := m.cache.get(word); ok {
@@ -67,7 +56,11 @@ func (m *bpeModel) encodeWord(word string, dst []int32) []int32 {
 		}
 	}
 	start := len(dst)
-	dst = m.symbols(word, dst)
+	if id, ok := m.wholeWord(word); ok {
+		dst = append(dst, id)
+	} else {
+		dst = m.symbols(word, dst)
+	}
 	syms := dst[start:]
 	if len(syms) > 1 {
 		if len(syms) <= smallWord {
@@ -81,6 +74,22 @@ func (m *bpeModel) encodeWord(word string, dst []int32) []int32 {
 		m.cache.put(word, syms)
 	}
 	return dst
+}
+
+// wholeWord returns the token of a pre-token the vocabulary holds whole,
+// for ignore_merges models, which take such a word as it is rather than
+// merging its symbols.
+func (m *bpeModel) wholeWord(word string) (int32, bool) {
+	if !m.ignoreMerges {
+		return 0, false
+	}
+	if m.byteLevel {
+		var spelled [2 * maxCachedWord]byte
+		id, ok := m.vocab[string(byteLevel.appendEncoded(spelled[:0], word))]
+		return id, ok
+	}
+	id, ok := m.vocab[word]
+	return id, ok
 }
 
 // symbols appends the initial symbols of word: one per byte for byte-level

@@ -48,6 +48,15 @@ func (a *byteLevelAlphabet) encode(raw string) string {
 	return sb.String()
 }
 
+// appendEncoded appends raw bytes spelled in the byte-level alphabet (at
+// most two bytes each) to dst.
+func (a *byteLevelAlphabet) appendEncoded(dst []byte, raw string) []byte {
+	for i := 0; i < len(raw); i++ {
+		dst = utf8.AppendRune(dst, a.toRune[raw[i]])
+	}
+	return dst
+}
+
 // decode maps a byte-level spelled token back to raw bytes. ok is false when
 // the token holds a character outside the alphabet (an added token written in
 // plain text, for instance).

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/dlclark/regexp2/v2"
@@ -510,6 +512,15 @@ func parseModel(raw json.RawMessage, byteLevelInput bool) (*bpeModel, error) {
 		byteLevel:    byteLevelInput,
 		cache:        newWordCache(),
 	}
+	// The merges decode while the vocabulary does; resolving them needs it.
+	var merges rawMerges
+	var mergesErr error
+	decoded := make(chan struct{})
+	go func() {
+		defer close(decoded)
+		merges, mergesErr = decodeMerges(jm.Merges)
+	}()
+	defer func() { <-decoded }()
 	if err := json.Unmarshal(jm.Vocab, &m.vocab); err != nil {
 		return nil, fieldErr("model.vocab", "parse: %v", err)
 	}
@@ -558,91 +569,124 @@ func parseModel(raw json.RawMessage, byteLevelInput bool) (*bpeModel, error) {
 			}
 		}
 	}
-	if m.byteLevel && m.ignoreMerges {
-		m.rawVocab = make(map[string]int32, len(m.vocab))
-		var buf []byte
-		for tok, id := range m.vocab {
-			var ok bool
-			if buf, ok = byteLevel.decode(buf[:0], tok); ok {
-				m.rawVocab[string(buf)] = id
-			}
-		}
+	<-decoded
+	if mergesErr != nil {
+		return nil, mergesErr
 	}
-	if err := m.parseMerges(jm.Merges); err != nil {
+	if err := m.resolveMerges(merges); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-// parseMerges reads merges written as "a b" strings or [a, b] pairs; their
-// order is their rank.
-func (m *bpeModel) parseMerges(raw json.RawMessage) error {
+// rawMerges are model.merges as decoded: "a b" strings, or the [a, b]
+// pairs newer tokenizers write. Their order is their rank.
+type rawMerges struct {
+	strs  []string
+	pairs [][]string
+}
+
+func (r rawMerges) len() int { return len(r.strs) + len(r.pairs) }
+
+// decodeMerges decodes model.merges, naming the item at fault when it is
+// in neither form.
+func decodeMerges(raw json.RawMessage) (rawMerges, error) {
+	var r rawMerges
 	if isNull(raw) {
-		m.merges = map[uint64]merge{}
-		return nil
+		return r, nil
 	}
-	var strs []string
-	if err := json.Unmarshal(raw, &strs); err == nil {
-		m.merges = make(map[uint64]merge, len(strs))
-		for i, s := range strs {
-			a, b, ok := m.splitMerge(s)
-			if !ok {
-				return fieldErr(fmt.Sprintf("model.merges[%d]", i), "%q is not two vocabulary tokens separated by a space", truncate(s, 60))
-			}
-			if err := m.addMerge(i, a, b); err != nil {
-				return err
-			}
-		}
-		return nil
+	if err := json.Unmarshal(raw, &r.strs); err == nil {
+		return r, nil
 	}
-	var pairs [][]string // the [a, b] form newer tokenizers write
-	if err := json.Unmarshal(raw, &pairs); err == nil {
-		m.merges = make(map[uint64]merge, len(pairs))
-		for i, p := range pairs {
+	r.strs = nil
+	if err := json.Unmarshal(raw, &r.pairs); err == nil {
+		for i, p := range r.pairs {
 			if len(p) != 2 {
-				return fieldErr(fmt.Sprintf("model.merges[%d]", i), "want \"a b\" or [\"a\", \"b\"], got %d strings", len(p))
-			}
-			if err := m.addMerge(i, p[0], p[1]); err != nil {
-				return err
+				return r, fieldErr(mergeField(i).String(), "want \"a b\" or [\"a\", \"b\"], got %d strings", len(p))
 			}
 		}
-		return nil
+		return r, nil
 	}
-	var items []json.RawMessage // neither form: find the item at fault
+	// Neither form throughout: name the first item unlike the first.
+	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil {
-		return fieldErr("model.merges", "parse: %v", err)
+		return r, fieldErr("model.merges", "parse: %v", err)
 	}
-	m.merges = make(map[uint64]merge, len(items))
+	var str string
+	strForm := json.Unmarshal(items[0], &str) == nil
 	for i, it := range items {
 		var p []string
-		if err := json.Unmarshal(it, &p); err != nil || len(p) != 2 {
-			return fieldErr(fmt.Sprintf("model.merges[%d]", i), "want \"a b\" or [\"a\", \"b\"], got %s", truncate(string(it), 60))
+		if strForm && json.Unmarshal(it, &str) != nil {
+			return r, fieldErr(mergeField(i).String(), "want an \"a b\" string like the merges before it, got %s", truncate(string(it), 60))
 		}
-		if err := m.addMerge(i, p[0], p[1]); err != nil {
-			return err
+		if !strForm && (json.Unmarshal(it, &p) != nil || len(p) != 2) {
+			return r, fieldErr(mergeField(i).String(), "want \"a b\" or [\"a\", \"b\"], got %s", truncate(string(it), 60))
+		}
+	}
+	return r, fieldErr("model.merges", "parse: not a list of merges")
+}
+
+// resolvedMerge is one merge by token ids: a and b make id.
+type resolvedMerge struct{ a, b, id int32 }
+
+// mergeChunk is the number of merges one goroutine resolves at least.
+const mergeChunk = 1 << 14
+
+// resolveMerges looks up every merge's tokens in the vocabulary, spread
+// over the CPUs, and records them by rank; the first of duplicate merges
+// wins.
+func (m *bpeModel) resolveMerges(r rawMerges) error {
+	n := r.len()
+	resolved := make([]resolvedMerge, n)
+	chunks := max(1, min(runtime.GOMAXPROCS(0), n/mergeChunk))
+	errs := make([]error, chunks)
+	var wg sync.WaitGroup
+	for c := range chunks {
+		wg.Go(func() { errs[c] = m.resolveRange(r, resolved, n*c/chunks, n*(c+1)/chunks) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err // the lowest-ranked merge at fault
+		}
+	}
+	m.merges = make(map[uint64]merge, n)
+	for i, rm := range resolved {
+		k := pairKey(rm.a, rm.b)
+		if _, dup := m.merges[k]; !dup {
+			m.merges[k] = merge{rank: int32(i), id: rm.id}
 		}
 	}
 	return nil
 }
 
-// addMerge records merge rank i of tokens a and b; the first of duplicate
-// merges wins.
-func (m *bpeModel) addMerge(i int, a, b string) error {
-	ida, ok := m.vocab[a]
-	if !ok {
-		return fieldErr(mergeField(i).String(), "token %q is not in model.vocab", a)
-	}
-	idb, ok := m.vocab[b]
-	if !ok {
-		return fieldErr(mergeField(i).String(), "token %q is not in model.vocab", b)
-	}
-	id, ok := m.vocab[a+b]
-	if !ok {
-		return fieldErr(mergeField(i).String(), "merged token %q is not in model.vocab", a+b)
-	}
-	k := pairKey(ida, idb)
-	if _, dup := m.merges[k]; !dup {
-		m.merges[k] = merge{rank: int32(i), id: id}
+// resolveRange resolves merges [lo, hi) into resolved, stopping at the
+// first that names a token outside the vocabulary.
+func (m *bpeModel) resolveRange(r rawMerges, resolved []resolvedMerge, lo, hi int) error {
+	var joined [64]byte
+	for i := lo; i < hi; i++ {
+		var a, b string
+		if r.strs != nil {
+			var ok bool
+			if a, b, ok = m.splitMerge(r.strs[i]); !ok {
+				return fieldErr(mergeField(i).String(), "%q is not two vocabulary tokens separated by a space", truncate(r.strs[i], 60))
+			}
+		} else {
+			a, b = r.pairs[i][0], r.pairs[i][1]
+		}
+		ida, ok := m.vocab[a]
+		if !ok {
+			return fieldErr(mergeField(i).String(), "token %q is not in model.vocab", a)
+		}
+		idb, ok := m.vocab[b]
+		if !ok {
+			return fieldErr(mergeField(i).String(), "token %q is not in model.vocab", b)
+		}
+		id, ok := m.vocab[string(append(append(joined[:0], a...), b...))]
+		if !ok {
+			return fieldErr(mergeField(i).String(), "merged token %q is not in model.vocab", a+b)
+		}
+		resolved[i] = resolvedMerge{a: ida, b: idb, id: id}
 	}
 	return nil
 }

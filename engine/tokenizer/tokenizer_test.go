@@ -1,10 +1,13 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -543,6 +546,7 @@ func TestBadInput(t *testing.T) {
 		{"merge without space", with(func(m map[string]any) { model(m)["merges"] = []string{"ab"} }), nil, "model.merges[0]"},
 		{"merge pair of three", with(func(m map[string]any) { model(m)["merges"] = [][]string{{"a", "b", "c"}} }), nil, "model.merges[0]"},
 		{"merges not a list", with(func(m map[string]any) { model(m)["merges"] = 7 }), nil, "model.merges"},
+		{"merge forms mixed", with(func(m map[string]any) { model(m)["merges"] = []any{"a b", []string{"a", "b"}} }), nil, "model.merges[1]"},
 		{"unk not in vocab", with(func(m map[string]any) { model(m)["unk_token"] = "<unk>" }), nil, "model.unk_token"},
 		{"subword prefix", with(func(m map[string]any) { model(m)["continuing_subword_prefix"] = "##" }), nil, "model.continuing_subword_prefix"},
 		{"bad regex", with(func(m map[string]any) {
@@ -791,5 +795,30 @@ func TestEncodeInvalidUTF8(t *testing.T) {
 				t.Fatalf("Decode(Encode(invalid)) = %q (ids %v)", got, ids)
 			}
 		})
+	}
+}
+
+// TestMergeErrorNamesFirst checks that when merges are resolved in chunks
+// across goroutines, the error still names the lowest-ranked bad merge.
+func TestMergeErrorNamesFirst(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	raw, _, err := Synthesize(128256, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	merges := m["model"].(map[string]any)["merges"].([]any)
+	if len(merges) < 4*mergeChunk {
+		t.Fatalf("only %d merges: too few to resolve in chunks", len(merges))
+	}
+	first, later := len(merges)/2+7, len(merges)-3
+	merges[later] = "nosuch1 nosuch2"
+	merges[first] = "nosuch3 nosuch4"
+	_, err = New(mustJSON(t, m), nil)
+	if want := fmt.Sprintf(`model.merges[%d]: token "nosuch3"`, first); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %v, want it to name %s", err, want)
 	}
 }
