@@ -249,6 +249,9 @@ type Manager struct {
 
 	loads       loadMetrics
 	sleepLimits map[string]int // per model, from SetSleepLimit
+	// served holds the revisions a replica on this node has served: a
+	// later load of one skips the warm-up, as a wake does.
+	served map[string]bool
 
 	wg   sync.WaitGroup
 	stop chan struct{}
@@ -266,7 +269,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		return nil, fmt.Errorf("new runtime manager: a warm pool of %d does not fit %d slots", opts.Warm, len(opts.Slots))
 	}
 	m := &Manager{opts: opts, log: opts.Logger.With("component", "runtime-manager", "backend", opts.Backend.Name()),
-		runtimes: map[string]*runtimeState{}, slots: make([]string, len(opts.Slots)), stop: make(chan struct{}), seq: int(time.Now().UnixNano() % 1e6), loads: newLoadMetrics(), sleepLimits: map[string]int{}}
+		runtimes: map[string]*runtimeState{}, slots: make([]string, len(opts.Slots)), stop: make(chan struct{}), seq: int(time.Now().UnixNano() % 1e6), loads: newLoadMetrics(), sleepLimits: map[string]int{}, served: map[string]bool{}}
 	procs, err := opts.Backend.Recover(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("new runtime manager: recover runtimes: %w", err)
@@ -411,12 +414,23 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 			rep.Tier = TierCache
 		}
 	}
-	if how != claimSleeping { // a woken replica's weights have served before
+	// The warm-up checks that freshly loaded weights serve, once per
+	// revision: a woken replica, or a revision that has served here
+	// before, goes straight to ready.
+	m.mu.Lock()
+	warm := how == claimSleeping || (rep.Revision != "" && m.served[rep.Revision])
+	m.mu.Unlock()
+	if !warm {
 		t := time.Now()
 		if err := r.client.Complete(ctx, model, []int32{1}); err != nil {
 			return fail(fmt.Errorf("warm-up: %w", err))
 		}
 		rep.Breakdown.Warmup = time.Since(t)
+		if rep.Revision != "" {
+			m.mu.Lock()
+			m.served[rep.Revision] = true
+			m.mu.Unlock()
+		}
 	}
 	m.setState(r, StateReady, model, "")
 	rep.Breakdown.Total = time.Since(start)

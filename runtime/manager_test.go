@@ -228,8 +228,8 @@ func testTiersAndFaults(t *testing.T, kind string) {
 		return rep
 	}
 	a := acquire("a", runtime.TierBucket, "t3") // warm blank runtime, bucket
-	if a.Breakdown.Fetch <= 0 || a.Breakdown.Start != 0 {
-		t.Fatalf("T3 breakdown %+v: want a fetch and no start", a.Breakdown)
+	if a.Breakdown.Fetch <= 0 || a.Breakdown.Start != 0 || a.Breakdown.Warmup <= 0 {
+		t.Fatalf("T3 breakdown %+v: want a fetch, a warm-up and no start", a.Breakdown)
 	}
 	if err := m.Release(ctx, a.ID); err != nil {
 		t.Fatal(err)
@@ -242,6 +242,9 @@ func testTiersAndFaults(t *testing.T, kind string) {
 	// cache holds its revision.
 	waitFor(t, "the warm pool refilled", func() bool { return states(m)[runtime.StateBlank] == 1 })
 	b := acquire("b", runtime.TierCache, "t2")
+	if b.Breakdown.Warmup != 0 {
+		t.Fatalf("b: breakdown %+v, want no warm-up for the revision a served", b.Breakdown)
+	}
 	// Both slots taken: c evicts the idle sleeping replica of a.
 	c := acquire("c", runtime.TierCache, "t2")
 	if c.ID != a.ID {
@@ -284,8 +287,8 @@ func testTiersAndFaults(t *testing.T, kind string) {
 		t.Fatal("released a runtime that is gone")
 	}
 	b2 := acquire("b", runtime.TierStart, "t2") // its slot is free again
-	if b2.Breakdown.Start <= 0 {
-		t.Fatalf("T4 breakdown %+v: want a start time", b2.Breakdown)
+	if b2.Breakdown.Start <= 0 || b2.Breakdown.Warmup != 0 {
+		t.Fatalf("T4 breakdown %+v: want a start time and no warm-up, the revision having served", b2.Breakdown)
 	}
 	if got := len(n.engines(t)); got != 2 {
 		t.Fatalf("%d engines after the replacement, want 2", got)
