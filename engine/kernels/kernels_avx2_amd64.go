@@ -25,6 +25,9 @@ var avx2Kernels = func() *kernelSet {
 	ks.fp8Dot1x4 = fp8Dot1x4AVX2w
 	ks.axpy = axpyAVX2w
 	ks.scale = scaleAVX2w
+	ks.addWeighted = func(out []float32, os int, p []float32, ps, nr int, v []float32, vs, n, d int) {
+		addWeightedAXPY(axpyAVX2w, out, os, p, ps, nr, v, vs, n, d)
+	}
 	return &ks
 }()
 

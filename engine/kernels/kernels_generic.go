@@ -254,10 +254,16 @@ func siluMulGo(gate, up []float32) {
 }
 
 func addWeightedGo(out []float32, os int, p []float32, ps, nr int, v []float32, vs, n, d int) {
+	addWeightedAXPY(axpyGo, out, os, p, ps, nr, v, vs, n, d)
+}
+
+// addWeightedAXPY computes addWeighted as one axpy per weight.
+func addWeightedAXPY(axpy func(y []float32, alpha float32, x []float32),
+	out []float32, os int, p []float32, ps, nr int, v []float32, vs, n, d int) {
 	for r := range nr {
 		o := out[r*os : r*os+d]
 		for q, w := range p[r*ps : r*ps+n] {
-			axpyGo(o, w, v[q*vs:q*vs+d])
+			axpy(o, w, v[q*vs:q*vs+d])
 		}
 	}
 }

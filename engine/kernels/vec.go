@@ -49,8 +49,8 @@ func SiLUMul(gate, up []float32) {
 // MulRows stores Σ_j x[t*xs+j]·w[r*ws+j] into out[t*os+r] for t < nx and
 // r < nw: the products of nx rows of x with nw rows of w, every row k long,
 // on the calling goroutine. It serves products too small or too irregular
-// for [Pool.MatMul], such as attention's scores and weighted values, whose
-// rows lie at arbitrary strides in the KV cache.
+// for [Pool.MatMul], such as attention's scores against cached keys, whose
+// rows lie at the KV cache's stride.
 func MulRows(out []float32, os int, x []float32, xs, nx int, w []float32, ws, nw, k int) {
 	mulRows(best, out, os, x, xs, nx, w, ws, nw, k)
 }
