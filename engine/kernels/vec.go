@@ -51,6 +51,11 @@ func SiLUMul(gate, up []float32) {
 // on the calling goroutine. It serves products too small or too irregular
 // for [Pool.MatMul], such as attention's scores against cached keys, whose
 // rows lie at the KV cache's stride.
+//
+// Each output is summed the same way whatever nx is; when nw is not a
+// multiple of 4, the last nw%4 columns are summed differently (equal within
+// rounding, not bit for bit). Callers that need results independent of how
+// work was split pass nw as a multiple of 4.
 func MulRows(out []float32, os int, x []float32, xs, nx int, w []float32, ws, nw, k int) {
 	mulRows(best, out, os, x, xs, nx, w, ws, nw, k)
 }

@@ -282,3 +282,34 @@ func TestAddWeightedRows(t *testing.T) {
 		}
 	}
 }
+
+// TestMulRowsSplitInvariant checks the contract attention relies on: a
+// product comes out bit for bit the same however the x rows are grouped
+// into calls, and for every full quad of w rows however many follow.
+func TestMulRowsSplitInvariant(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 6))
+	for _, k := range []int{8, 16, 17, 64, 100} {
+		x := randomVector(rng, 7*k)
+		w := randomVector(rng, 16*k)
+		for _, ks := range kernelSets() {
+			all := make([]float32, 7*16)
+			mulRows(ks, all, 16, x, k, 7, w, k, 16, k)
+			for nx := 1; nx <= 7; nx++ {
+				for start := 0; start+nx <= 7; start++ {
+					for _, nw := range []int{4, 8, 12, 16} {
+						out := make([]float32, nx*16)
+						mulRows(ks, out, 16, x[start*k:], k, nx, w, k, nw, k)
+						for r := range nx {
+							for c := range nw {
+								if out[r*16+c] != all[(start+r)*16+c] {
+									t.Fatalf("%s k=%d: rows [%d,%d) against %d w rows give %v at (%d,%d), all at once %v",
+										ks.name, k, start, start+nx, nw, out[r*16+c], start+r, c, all[(start+r)*16+c])
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}

@@ -105,15 +105,20 @@ func (m *Model) attend(l int, b *Batch, kv *kvcache.Cache, job attentionJob, kvH
 	}
 	kernels.Scale(q, float32(1/math.Sqrt(float64(hd))))
 
-	scores := grow(sc.scores, rows*n)
+	// Scores are taken against whole blocks, slots past the sequence
+	// included (they are cleared below), so that each score is summed the
+	// same way whatever n is: greedy output must not depend on how the
+	// scheduler chunked a prompt.
+	width := (n + kvcache.BlockSize - 1) / kvcache.BlockSize * kvcache.BlockSize
+	scores := grow(sc.scores, rows*width)
 	sc.scores = scores
 	table := b.BlockTables[job.seq]
 	for pos0 := 0; pos0 < n; pos0 += kvcache.BlockSize {
 		keys := kv.BlockKeys(l, table[pos0/kvcache.BlockSize])[kvHead*hd:]
-		kernels.MulRows(scores[pos0:], n, q, hd, rows, keys, tokSize, min(kvcache.BlockSize, n-pos0), hd)
+		kernels.MulRows(scores[pos0:], width, q, hd, rows, keys, tokSize, kvcache.BlockSize, hd)
 	}
 	for r := range rows {
-		row := scores[r*n : (r+1)*n]
+		row := scores[r*width : (r+1)*width]
 		visible := int(b.Positions[toks[r/group]]) + 1
 		softmax(row[:visible])
 		clear(row[visible:])
@@ -124,7 +129,7 @@ func (m *Model) attend(l int, b *Batch, kv *kvcache.Cache, job attentionJob, kvH
 	clear(out)
 	for pos0 := 0; pos0 < n; pos0 += kvcache.BlockSize {
 		values := kv.BlockValues(l, table[pos0/kvcache.BlockSize])[kvHead*hd:]
-		kernels.AddWeightedRows(out, hd, scores[pos0:], n, rows, values, tokSize, min(kvcache.BlockSize, n-pos0), hd)
+		kernels.AddWeightedRows(out, hd, scores[pos0:], width, rows, values, tokSize, min(kvcache.BlockSize, n-pos0), hd)
 	}
 	for a, i := range toks {
 		copy(buf.att[i*heads*hd+headsAt:][:group*hd], out[a*group*hd:])

@@ -237,7 +237,7 @@ func TestLlama3RopeScaling(t *testing.T) {
 func TestForwardRejectsBadBatches(t *testing.T) {
 	cfg := testConfig()
 	m := newTestModel(t, cfg, randomSource(t, cfg, 2))
-	kv, _ := kvcache.New(m.KVShape(), 4)
+	kv, _ := kvcache.New(m.KVShape(), 8)
 	mgr := kvcache.NewManager(kv.NumBlocks(), false)
 	if !mgr.Allocate(0, nil, 16, nil, "") {
 		t.Fatal("no kv blocks for 16 tokens")
@@ -332,5 +332,51 @@ func TestFP8WeightScaleCheckpoints(t *testing.T) {
 	_, err := New(cfg, fp8, kernels.NewPool(1))
 	if err == nil || !strings.Contains(err.Error(), "model.layers.0.mlp.up_proj.weight_scale has 3 values") {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// TestChunkedPrefillIsBitwiseStable feeds one sequence in chunks of several
+// sizes and checks every logit equals, bit for bit, what a single forward
+// call over the whole sequence gives: greedy decoding under continuous
+// batching must not depend on how the scheduler split a prompt.
+func TestChunkedPrefillIsBitwiseStable(t *testing.T) {
+	cfg := testConfig()
+	m := newTestModel(t, cfg, randomSource(t, cfg, 11))
+	rng := rand.New(rand.NewPCG(5, 5))
+	tokens := make([]int32, 120)
+	for i := range tokens {
+		tokens[i] = int32(rng.IntN(cfg.VocabSize))
+	}
+	want := runAlone(t, m, tokens)
+	for _, chunks := range [][]int{{5, 3, 9, 1, 7, 12, 8, 75}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 75}, {17, 11, 17, 75}} {
+		kv, err := kvcache.New(m.KVShape(), 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mgr := kvcache.NewManager(kv.NumBlocks(), false)
+		if !mgr.Allocate(0, tokens, len(tokens), nil, "") {
+			t.Fatal("no kv blocks")
+		}
+		pos := 0
+		for _, size := range chunks {
+			b := &Batch{BlockTables: [][]int32{mgr.Table(0)}}
+			for i := pos; i < pos+size; i++ {
+				b.Tokens = append(b.Tokens, tokens[i])
+				b.Positions = append(b.Positions, int32(i))
+				b.Seqs = append(b.Seqs, 0)
+				b.LogitRows = append(b.LogitRows, i-pos)
+			}
+			logits := make([]float32, size*cfg.VocabSize)
+			if err := m.Forward(b, kv, logits); err != nil {
+				t.Fatal(err)
+			}
+			for j, got := range logits {
+				if w := want[pos*cfg.VocabSize+j]; got != w {
+					t.Fatalf("chunks %v: position %d logit %d is %v in chunks, %v in one call", chunks, pos+j/cfg.VocabSize, j%cfg.VocabSize, got, w)
+				}
+			}
+			pos += size
+		}
+		kv.Free()
 	}
 }
