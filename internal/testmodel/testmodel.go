@@ -7,6 +7,7 @@ package testmodel
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -68,4 +69,16 @@ func Golden(t testing.TB) []Case {
 		t.Fatalf("parse %s: %v", path, err)
 	}
 	return g.Cases
+}
+
+// Cosine returns the cosine similarity of a and b, summed in float64: how
+// the FP8 checks compare weights and logits with their F32 originals.
+func Cosine(a, b []float32) float64 {
+	var dot, na, nb float64
+	for i := range a {
+		dot += float64(a[i]) * float64(b[i])
+		na += float64(a[i]) * float64(a[i])
+		nb += float64(b[i]) * float64(b[i])
+	}
+	return dot / math.Sqrt(na*nb)
 }

@@ -75,16 +75,6 @@ func TestGoldenGreedyTeacherForced(t *testing.T) {
 	}
 }
 
-func cosine(a, b []float32) float64 {
-	var dot, na, nb float64
-	for i := range a {
-		dot += float64(a[i]) * float64(b[i])
-		na += float64(a[i]) * float64(a[i])
-		nb += float64(b[i]) * float64(b[i])
-	}
-	return dot / math.Sqrt(na*nb)
-}
-
 // dequantized serves an FP8 checkpoint with every FP8 weight expanded to
 // F32 by the reference dequantiser, so a model built on it computes what
 // the FP8 kernels should.
@@ -143,7 +133,7 @@ func TestFP8QuantizedStories(t *testing.T) {
 			}
 		}
 		first := len(c.PromptIDs) - 1
-		cos := cosine(a[first], b[first])
+		cos := testmodel.Cosine(a[first], b[first])
 		minCos = min(minCos, cos)
 		t.Logf("%s: first-step cosine to F32 %.5f", c.Name, cos)
 		for i := first; i < len(tokens)-1; i++ {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/internal/testmodel"
 )
 
 // gaussian is a rows×cols matrix of N(0, 1) values whose magnitude varies
@@ -236,16 +237,6 @@ func TestQuantizePerTensor(t *testing.T) {
 	}
 }
 
-func cosine(a, b []float32) float64 {
-	var dot, na, nb float64
-	for i := range a {
-		dot += float64(a[i]) * float64(b[i])
-		na += float64(a[i]) * float64(a[i])
-		nb += float64(b[i]) * float64(b[i])
-	}
-	return dot / math.Sqrt(na*nb)
-}
-
 func TestCosineSimilarity(t *testing.T) {
 	const rows, cols = 300, 500
 	rng := rand.New(rand.NewPCG(42, 42))
@@ -281,7 +272,7 @@ func TestCosineSimilarity(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if c := cosine(w, deq); c <= 0.999 {
+		if c := testmodel.Cosine(w, deq); c <= 0.999 {
 			t.Errorf("%s: cosine similarity %.6f, want > 0.999", tc.name, c)
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -134,7 +133,7 @@ func TestFP8Synthetic100MAgreesWithF32(t *testing.T) {
 		t.Fatal(err)
 	}
 	prompt := tok.Encode("The quick brown fox jumps over the lazy dog, and then it runs away.", true)
-	cos := cosine(lastLogits(t, a, prompt), lastLogits(t, b, prompt))
+	cos := testmodel.Cosine(lastLogits(t, a, prompt), lastLogits(t, b, prompt))
 	t.Logf("100m FP8 vs F32 first-step cosine %.5f", cos)
 	if cos < 0.99 {
 		t.Fatalf("cosine %.5f < 0.99", cos)
@@ -159,7 +158,7 @@ func TestFP8Synthetic100MAgreesWithF32(t *testing.T) {
 			}
 			first := len(c.PromptIDs) - 1
 			row := func(l []float32, i int) []float32 { return l[i*vocab : (i+1)*vocab] }
-			cos := cosine(row(x, first), row(y, first))
+			cos := testmodel.Cosine(row(x, first), row(y, first))
 			t.Logf("golden %s: first-step cosine %.5f", c.Name, cos)
 			if cos < 0.99 {
 				t.Errorf("golden %s: first-step cosine %.5f < 0.99", c.Name, cos)
@@ -177,16 +176,6 @@ func TestFP8Synthetic100MAgreesWithF32(t *testing.T) {
 			t.Fatalf("top-1 agreement %.3f: the FP8 model no longer follows F32", rate)
 		}
 	})
-}
-
-func cosine(x, y []float32) float64 {
-	var dot, nx, ny float64
-	for i := range x {
-		dot += float64(x[i]) * float64(y[i])
-		nx += float64(x[i]) * float64(x[i])
-		ny += float64(y[i]) * float64(y[i])
-	}
-	return dot / math.Sqrt(nx*ny)
 }
 
 // benchPreset is the synthetic model benchmarks run on
