@@ -99,7 +99,7 @@ func BenchmarkMemoryBandwidth(b *testing.B) {
 			for b.Loop() {
 				p.Parallel(len(buf), 1<<16, func(lo, hi int) {
 					mid := (lo + hi) / 2
-					sums[lo*threads/len(buf)] = Dot(buf[lo:mid], buf[mid:mid+(mid-lo)])
+					sums[lo*threads/len(buf)] = p.Dot(buf[lo:mid], buf[mid:mid+(mid-lo)])
 				})
 			}
 			ns := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
@@ -113,22 +113,23 @@ func BenchmarkVector(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 3))
 	x, y := randomVector(rng, 4096), randomVector(rng, 4096)
 	var sink float32
+	p := NewPool(1)
 	b.Run("Dot", func(b *testing.B) {
 		b.SetBytes(2 * 4 * 4096)
 		for b.Loop() {
-			sink += Dot(x, y)
+			sink += p.Dot(x, y)
 		}
 	})
 	b.Run("AXPY", func(b *testing.B) {
 		b.SetBytes(3 * 4 * 4096)
 		for b.Loop() {
-			AXPY(y, 1e-9, x)
+			p.AXPY(y, 1e-9, x)
 		}
 	})
 	b.Run("Scale", func(b *testing.B) {
 		b.SetBytes(2 * 4 * 4096)
 		for b.Loop() {
-			Scale(y, 1)
+			p.Scale(y, 1)
 		}
 	})
 	_ = sink

@@ -6,12 +6,12 @@ import "golang.org/x/sys/cpu"
 
 // avx512Kernels is the AVX-512 kernel set, or nil when the CPU lacks any of
 // the extensions it uses (F, BW, VL, DQ, and FMA).
-var avx512Kernels = func() *kernelSet {
+var avx512Kernels = func() *Set {
 	x := cpu.X86
 	if !(x.HasAVX512F && x.HasAVX512BW && x.HasAVX512VL && x.HasAVX512DQ && x.HasFMA) {
 		return nil
 	}
-	return &kernelSet{
+	return &Set{
 		name:        "avx512",
 		f32Dot4x4:   f32Dot4x4Asm,
 		f32Dot1x4:   f32Dot1x4Asm,
@@ -36,17 +36,6 @@ var avx512Kernels = func() *kernelSet {
 		siluMul:     siluMulAsm,
 		addWeighted: addWeightedAsm,
 	}
-}()
-
-// best is the fastest kernel set this build and CPU support.
-var best = func() *kernelSet {
-	switch {
-	case avx512Kernels != nil:
-		return avx512Kernels
-	case avx2Kernels != nil:
-		return avx2Kernels
-	}
-	return &genericKernels
 }()
 
 // The wrappers below check, with one bounds check each, that the last

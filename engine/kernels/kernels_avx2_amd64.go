@@ -9,7 +9,7 @@ import "golang.org/x/sys/cpu"
 // of 8 columns; the wrappers add the last k%8 columns with the portable
 // kernels. Single-row dots and conversions, used only at the edges of
 // tiles and for embedding lookups, stay portable.
-var avx2Kernels = func() *kernelSet {
+var avx2Kernels = func() *Set {
 	x := cpu.X86
 	if !(x.HasAVX2 && x.HasFMA && x.HasF16C) {
 		return nil

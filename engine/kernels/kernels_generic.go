@@ -6,15 +6,16 @@ import (
 	"github.com/stokehq/stoke/internal/dtype"
 )
 
-// kernelSet is one implementation of the inner loops. The MatMul driver only
-// calls these, so the assembly and the portable Go versions share all the
-// blocking, threading and scale handling.
+// Set is one implementation of the kernels' inner loops ("avx512", "avx2"
+// or "generic"). The MatMul driver only calls these, so the assembly and
+// the portable Go versions share all the blocking, threading and scale
+// handling; see the package doc for the summation order every set keeps.
 //
 // Shapes: x and w rows are k elements long; xs, ws and os are the distances
 // in elements between consecutive rows of x, w and out. FP8 dot products are
 // "raw": they return Σ x·E4M3(w)/256 (the assembly decodes FP8 into half
 // precision at 1/256 of its value), and the caller multiplies by 256·scale.
-type kernelSet struct {
+type Set struct {
 	name string
 	// f32Dot4x4 adds Σ_j x[t*xs+j]*w[r*ws+j] to out[t*os+r] for t, r < 4.
 	f32Dot4x4 func(x []float32, xs int, w []float32, ws, k int, out []float32, os int)
@@ -72,8 +73,8 @@ const fp8Unit = 256
 
 // genericKernels is the portable implementation, used by purego builds, on
 // other architectures and on CPUs without AVX2.
-var genericKernels = kernelSet{
-	name:        "go",
+var genericKernels = Set{
+	name:        "generic",
 	f32Dot4x4:   f32Dot4x4Go,
 	f32Dot1x4:   f32Dot1x4Go,
 	dot:         dotGo,

@@ -23,10 +23,10 @@ const (
 	// kBlock columns at a time, so more x rows fit in a block and the
 	// 4-row W tile stays in L1 while every x tile of the block uses it.
 	// Small x is not split by columns: W then streams in whole rows,
-	// which the hardware prefetchers handle best.
+	// which the hardware prefetchers handle fastest.
 	kBlock = 1024
 	// gemmMaxN is the largest batch that runs through the small-batch
-	// kernels (kernelSet.f32Gemm etc.); larger ones use the 4x4 tiles.
+	// kernels (Set.f32Gemm etc.); larger ones use the 4x4 tiles.
 	gemmMaxN = 64
 	// gemmChunkBytes bounds the W rows that the small-batch kernels
 	// multiply by each group of four x rows in turn: the first group
@@ -46,7 +46,7 @@ func (p *Pool) MatMul(out, x []float32, n int, w *Matrix) {
 	if n == 0 {
 		return
 	}
-	c := &mmCall{p: p, ks: p.kernels(), out: out, x: x, n: n, w: w}
+	c := &mmCall{p: p, ks: p.Kernels(), out: out, x: x, n: n, w: w}
 	threads := p.Threads()
 	grain := 4
 	if w.Rows >= rowGrain*threads {
@@ -61,7 +61,7 @@ func (p *Pool) MatMul(out, x []float32, n int, w *Matrix) {
 // mmCall is one MatMul in progress.
 type mmCall struct {
 	p   *Pool
-	ks  *kernelSet
+	ks  *Set
 	out []float32
 	x   []float32
 	n   int
@@ -260,13 +260,13 @@ func (m *Matrix) DequantizeRow(dst []float32, i int) error {
 	case m.DType == dtype.F32:
 		copy(dst, m.F32[row:row+cols])
 	case m.DType == dtype.BF16:
-		best.bf16ToF32(dst, m.BF16[row:row+cols])
+		fastest.bf16ToF32(dst, m.BF16[row:row+cols])
 	case m.BlockRows == 0:
-		best.fp8ToF32(dst, m.FP8[row:row+cols], fp8Unit*m.scaleAt(i, 0))
+		fastest.fp8ToF32(dst, m.FP8[row:row+cols], fp8Unit*m.scaleAt(i, 0))
 	default:
 		for j := 0; j < cols; j += m.BlockCols {
 			e := min(cols, j+m.BlockCols)
-			best.fp8ToF32(dst[j:e], m.FP8[row+j:row+e], fp8Unit*m.scaleAt(i, j))
+			fastest.fp8ToF32(dst[j:e], m.FP8[row+j:row+e], fp8Unit*m.scaleAt(i, j))
 		}
 	}
 	return nil

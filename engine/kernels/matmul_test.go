@@ -115,9 +115,9 @@ func closeTo(got, want []float32, mag []float64) error {
 }
 
 // kernelSets lists the implementations this build can run.
-func kernelSets() []*kernelSet {
-	sets := []*kernelSet{&genericKernels}
-	for _, ks := range []*kernelSet{avx2Kernels, avx512Kernels} {
+func kernelSets() []*Set {
+	sets := []*Set{&genericKernels}
+	for _, ks := range []*Set{avx2Kernels, avx512Kernels} {
 		if ks != nil {
 			sets = append(sets, ks)
 		}

@@ -11,10 +11,11 @@ import (
 // Threads()-1 worker goroutines started by NewPool (none when Threads() is 1).
 // A Pool is safe for concurrent use; each call splits its own work and waits
 // for it. Callers own their pools, so two engines in one process never share
-// hidden state. A nil or zero Pool runs everything on the caller's goroutine.
+// hidden state. A nil or zero Pool runs everything on the caller's goroutine, with the
+// default kernel set.
 type Pool struct {
 	threads int
-	ks      *kernelSet
+	ks      *Set
 
 	mu     sync.RWMutex // guards closed against sends on a closed tasks
 	closed bool
@@ -37,11 +38,21 @@ type batch struct {
 	wg      sync.WaitGroup // the same count, for the caller to sleep on
 }
 
-// NewPool returns a pool of threads threads; threads <= 0 means
-// runtime.GOMAXPROCS(0). Call Close to stop its workers.
-func NewPool(threads int) *Pool { return newPool(threads, best) }
+// NewPool returns a pool of threads threads on the default kernel set
+// ([Default]); threads <= 0 means runtime.GOMAXPROCS(0). Call Close to
+// stop its workers. It panics when STOKE_KERNELS names no usable set.
+func NewPool(threads int) *Pool { return newPool(threads, mustDefault()) }
 
-func newPool(threads int, ks *kernelSet) *Pool {
+// NewPool returns a pool of threads threads that computes with s, as
+// [NewPool] does with the default set; a nil s means the default set.
+func (s *Set) NewPool(threads int) *Pool {
+	if s == nil {
+		return NewPool(threads)
+	}
+	return newPool(threads, s)
+}
+
+func newPool(threads int, ks *Set) *Pool {
 	if threads <= 0 {
 		threads = runtime.GOMAXPROCS(0)
 	}
@@ -224,9 +235,10 @@ func (p *Pool) putScratch(b *[]float32) {
 	}
 }
 
-func (p *Pool) kernels() *kernelSet {
+// Kernels is the kernel set the pool computes with.
+func (p *Pool) Kernels() *Set {
 	if p == nil || p.ks == nil {
-		return best
+		return mustDefault()
 	}
 	return p.ks
 }

@@ -19,7 +19,7 @@ func TestDot(t *testing.T) {
 			want += float64(a[i]) * float64(b[i])
 			mag += math.Abs(float64(a[i]) * float64(b[i]))
 		}
-		if got := Dot(a, b); math.Abs(float64(got)-want) > 1e-5*mag+1e-30 {
+		if got := NewPool(1).Dot(a, b); math.Abs(float64(got)-want) > 1e-5*mag+1e-30 {
 			t.Errorf("Dot(len %d) = %g, want %g", n, got, want)
 		}
 		for _, ks := range kernelSets() {
@@ -46,14 +46,14 @@ func TestAXPYAndScale(t *testing.T) {
 			}
 		}
 		got := append([]float32(nil), y...)
-		AXPY(got, alpha, x)
+		NewPool(1).AXPY(got, alpha, x)
 		for i := range got {
 			if math.Abs(float64(got[i]-want[i])) > 1e-6 {
 				t.Fatalf("AXPY(len %d): y[%d] = %g, want %g", n, i, got[i], want[i])
 			}
 		}
 		got = append([]float32(nil), y[:n]...)
-		Scale(got, alpha)
+		NewPool(1).Scale(got, alpha)
 		for i := range got {
 			if got[i] != alpha*y[i] {
 				t.Fatalf("Scale(len %d): y[%d] = %g, want %g", n, i, got[i], alpha*y[i])

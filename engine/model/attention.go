@@ -103,7 +103,7 @@ func (m *Model) attend(l int, b *Batch, kv *kvcache.Cache, job attentionJob, kvH
 	for a, i := range toks {
 		copy(q[a*group*hd:(a+1)*group*hd], buf.q[i*heads*hd+headsAt:])
 	}
-	kernels.Scale(q, float32(1/math.Sqrt(float64(hd))))
+	m.pool.Scale(q, float32(1/math.Sqrt(float64(hd))))
 
 	// Scores are taken against whole blocks, slots past the sequence
 	// included (they are cleared below), so that each score is summed the
@@ -115,12 +115,12 @@ func (m *Model) attend(l int, b *Batch, kv *kvcache.Cache, job attentionJob, kvH
 	table := b.BlockTables[job.seq]
 	for pos0 := 0; pos0 < n; pos0 += kvcache.BlockSize {
 		keys := kv.BlockKeys(l, table[pos0/kvcache.BlockSize])[kvHead*hd:]
-		kernels.MulRows(scores[pos0:], width, q, hd, rows, keys, tokSize, kvcache.BlockSize, hd)
+		m.pool.MulRows(scores[pos0:], width, q, hd, rows, keys, tokSize, kvcache.BlockSize, hd)
 	}
 	for r := range rows {
 		row := scores[r*width : (r+1)*width]
 		visible := int(b.Positions[toks[r/group]]) + 1
-		softmax(row[:visible])
+		softmax(m.pool, row[:visible])
 		clear(row[visible:])
 	}
 
@@ -129,7 +129,7 @@ func (m *Model) attend(l int, b *Batch, kv *kvcache.Cache, job attentionJob, kvH
 	clear(out)
 	for pos0 := 0; pos0 < n; pos0 += kvcache.BlockSize {
 		values := kv.BlockValues(l, table[pos0/kvcache.BlockSize])[kvHead*hd:]
-		kernels.AddWeightedRows(out, hd, scores[pos0:], width, rows, values, tokSize, min(kvcache.BlockSize, n-pos0), hd)
+		m.pool.AddWeightedRows(out, hd, scores[pos0:], width, rows, values, tokSize, min(kvcache.BlockSize, n-pos0), hd)
 	}
 	for a, i := range toks {
 		copy(buf.att[i*heads*hd+headsAt:][:group*hd], out[a*group*hd:])
@@ -137,8 +137,8 @@ func (m *Model) attend(l int, b *Batch, kv *kvcache.Cache, job attentionJob, kvH
 }
 
 // softmax replaces x with exp(x - max) / Σ exp(x - max).
-func softmax(x []float32) {
-	kernels.Scale(x, 1/kernels.ExpSum(x, maxOf(x)))
+func softmax(p *kernels.Pool, x []float32) {
+	p.Scale(x, 1/p.ExpSum(x, maxOf(x)))
 }
 
 // maxOf returns the largest element of x, which holds no NaN.

@@ -170,16 +170,16 @@ func (m *Model) layer(l int, b *Batch, kv *kvcache.Cache) {
 	}
 	m.attention(l, b, kv)
 	m.pool.MatMul(h, buf.att, n, w.O)
-	kernels.AXPY(buf.x[:n*d], 1, h)
+	m.pool.AXPY(buf.x[:n*d], 1, h)
 
 	for i := range n {
 		rmsNorm(h[i*d:(i+1)*d], buf.x[i*d:(i+1)*d], w.MLPNorm, float32(c.RMSNormEps))
 	}
 	m.pool.MatMul(buf.gate, h, n, w.Gate)
 	m.pool.MatMul(buf.up, h, n, w.Up)
-	kernels.SiLUMul(buf.gate, buf.up)
+	m.pool.SiLUMul(buf.gate, buf.up)
 	m.pool.MatMul(h, buf.gate, n, w.Down)
-	kernels.AXPY(buf.x[:n*d], 1, h)
+	m.pool.AXPY(buf.x[:n*d], 1, h)
 }
 
 // ropeTables fills, per token, cos then sin of position × frequency for
