@@ -18,10 +18,8 @@ var avx512Kernels = func() *Set {
 		dot:         dotAsm,
 		bf16Dot4x4:  bf16Dot4x4Asm,
 		bf16Dot1x4:  bf16Dot1x4Asm,
-		bf16Dot:     bf16DotAsm,
 		fp8Dot4x4:   fp8Dot4x4Asm,
 		fp8Dot1x4:   fp8Dot1x4Asm,
-		fp8Dot:      fp8DotAsm,
 		f32Gemv:     f32GemvAsm,
 		bf16Gemv:    bf16GemvAsm,
 		fp8Gemv:     fp8GemvAsm,
@@ -72,19 +70,9 @@ func bf16Dot1x4Asm(x []float32, w []uint16, ws, k int, out []float32) {
 	bf16Dot1x4AVX512(&x[0], &w[0], ws, k, &out[0])
 }
 
-func bf16DotAsm(x []float32, w []uint16) float32 {
-	_ = w[len(x)-1]
-	return bf16DotAVX512(&x[0], &w[0], len(x))
-}
-
 func fp8Dot1x4Asm(x []float32, w []uint8, ws, k int, out []float32) {
 	_, _, _ = x[k-1], w[3*ws+k-1], out[3]
 	fp8Dot1x4AVX512(&x[0], &w[0], ws, k, &out[0])
-}
-
-func fp8DotAsm(x []float32, w []uint8) float32 {
-	_ = w[len(x)-1]
-	return fp8DotAVX512(&x[0], &w[0], len(x))
 }
 
 // gemvPrefetch returns how far ahead, in bytes, the GEMV kernels prefetch
@@ -109,7 +97,9 @@ func f32GemvAsm(x, w []float32, ws, k, rows int, out []float32) {
 		f32GemvAVX512(&x[0], &w[0], ws, k, q, &out[0], pf, far)
 	}
 	for r := 4 * q; r < rows; r++ {
-		out[r] = dotAsm(x[:k], w[r*ws:r*ws+k])
+		var one [4]float32
+		f32GemvAVX512(&x[0], &w[r*ws], 0, k, 1, &one[0], 0, false)
+		out[r] = one[0]
 	}
 }
 
@@ -121,7 +111,9 @@ func bf16GemvAsm(x []float32, w []uint16, ws, k, rows int, out []float32) {
 		bf16GemvAVX512(&x[0], &w[0], ws, k, q, &out[0], pf, far)
 	}
 	for r := 4 * q; r < rows; r++ {
-		out[r] = bf16DotAsm(x[:k], w[r*ws:r*ws+k])
+		var one [4]float32
+		bf16GemvAVX512(&x[0], &w[r*ws], 0, k, 1, &one[0], 0, false)
+		out[r] = one[0]
 	}
 }
 
@@ -133,7 +125,9 @@ func fp8GemvAsm(x []float32, w []uint8, ws, k, rows int, out []float32) {
 		fp8GemvAVX512(&x[0], &w[0], ws, k, q, &out[0], pf, far)
 	}
 	for r := 4 * q; r < rows; r++ {
-		out[r] = fp8DotAsm(x[:k], w[r*ws:r*ws+k])
+		var one [4]float32
+		fp8GemvAVX512(&x[0], &w[r*ws], 0, k, 1, &one[0], 0, false)
+		out[r] = one[0]
 	}
 }
 
@@ -141,11 +135,11 @@ func fp8GemvAsm(x []float32, w []uint8, ws, k, rows int, out []float32) {
 type gemmKernel[T any] func(x0, x1, x2, x3 *float32, w *T, ws, k, quads int, out *float32, os, nx int, far bool)
 
 // gemmAsm runs the small-batch kernels for nx (1 to 4) x rows: Gemm2 for
-// two, Gemm4 for three or four, gemv for one; rows past the last quad go
-// through dot. size is the byte size of T.
+// two, Gemm4 for three or four, gemv for one; rows past the last quad run
+// as quads of one row (stride 0), so they are summed in the same order.
+// size is the byte size of T.
 func gemmAsm[T any](x []float32, xs, nx int, w []T, ws, k, rows int, out []float32, os int,
-	size int, gemm2, gemm4 gemmKernel[T], gemv func(x []float32, w []T, ws, k, rows int, out []float32),
-	dot func(x []float32, w []T) float32) {
+	size int, gemm2, gemm4 gemmKernel[T], gemv func(x []float32, w []T, ws, k, rows int, out []float32)) {
 	if nx == 1 {
 		gemv(x, w, ws, k, rows, out)
 		return
@@ -155,35 +149,44 @@ func gemmAsm[T any](x []float32, xs, nx int, w []T, ws, k, rows int, out []float
 		_, _, _ = x[(nx-1)*xs+k-1], w[(4*q-1)*ws+k-1], out[(nx-1)*os+4*q-1]
 		pf, far := gemvPrefetch(ws, size)
 		far = far || pf+nx*k*4 > gemmNear
-		x0, x1 := &x[0], &x[xs]
-		if nx == 2 {
-			gemm2(x0, x1, x1, x1, &w[0], ws, k, q, &out[0], os, nx, far)
-		} else {
-			x2 := &x[2*xs]
-			x3 := x2
-			if nx == 4 {
-				x3 = &x[3*xs]
-			}
-			gemm4(x0, x1, x2, x3, &w[0], ws, k, q, &out[0], os, nx, far)
-		}
+		gemmQuads(x, xs, nx, &w[0], ws, k, q, out, os, far, gemm2, gemm4)
 	}
 	for r := 4 * q; r < rows; r++ {
-		for t := 0; t < nx; t++ {
-			out[t*os+r] = dot(x[t*xs:t*xs+k], w[r*ws:r*ws+k])
+		_ = w[r*ws+k-1]
+		var one [16]float32
+		gemmQuads(x, xs, nx, &w[r*ws], 0, k, 1, one[:], 4, false, gemm2, gemm4)
+		for t := range nx {
+			out[t*os+r] = one[4*t]
 		}
 	}
+}
+
+// gemmQuads runs Gemm2 or Gemm4 over quads of W rows from w.
+func gemmQuads[T any](x []float32, xs, nx int, w *T, ws, k, quads int, out []float32, os int, far bool, gemm2, gemm4 gemmKernel[T]) {
+	_, _ = x[(nx-1)*xs+k-1], out[(nx-1)*os+4*quads-1]
+	x0, x1 := &x[0], &x[xs]
+	if nx == 2 {
+		gemm2(x0, x1, x1, x1, w, ws, k, quads, &out[0], os, nx, far)
+		return
+	}
+	x2 := &x[2*xs]
+	x3 := x2
+	if nx == 4 {
+		x3 = &x[3*xs]
+	}
+	gemm4(x0, x1, x2, x3, w, ws, k, quads, &out[0], os, nx, far)
 }
 
 func f32GemmAsm(x []float32, xs, nx int, w []float32, ws, k, rows int, out []float32, os int) {
-	gemmAsm(x, xs, nx, w, ws, k, rows, out, os, 4, f32Gemm2AVX512, f32Gemm4AVX512, f32GemvAsm, dotAsm)
+	gemmAsm(x, xs, nx, w, ws, k, rows, out, os, 4, f32Gemm2AVX512, f32Gemm4AVX512, f32GemvAsm)
 }
 
 func bf16GemmAsm(x []float32, xs, nx int, w []uint16, ws, k, rows int, out []float32, os int) {
-	gemmAsm(x, xs, nx, w, ws, k, rows, out, os, 2, bf16Gemm2AVX512, bf16Gemm4AVX512, bf16GemvAsm, bf16DotAsm)
+	gemmAsm(x, xs, nx, w, ws, k, rows, out, os, 2, bf16Gemm2AVX512, bf16Gemm4AVX512, bf16GemvAsm)
 }
 
 func fp8GemmAsm(x []float32, xs, nx int, w []uint8, ws, k, rows int, out []float32, os int) {
-	gemmAsm(x, xs, nx, w, ws, k, rows, out, os, 1, fp8Gemm2AVX512, fp8Gemm4AVX512, fp8GemvAsm, fp8DotAsm)
+	gemmAsm(x, xs, nx, w, ws, k, rows, out, os, 1, fp8Gemm2AVX512, fp8Gemm4AVX512, fp8GemvAsm)
 }
 
 func bf16ToF32Asm(dst []float32, src []uint16) {
@@ -277,13 +280,7 @@ func fp8Dot4x4AVX512(x *float32, xs int, w *uint8, ws int, k int, out *float32, 
 func bf16Dot1x4AVX512(x *float32, w *uint16, ws int, k int, out *float32)
 
 //go:noescape
-func bf16DotAVX512(x *float32, w *uint16, n int) float32
-
-//go:noescape
 func fp8Dot1x4AVX512(x *float32, w *uint8, ws int, k int, out *float32)
-
-//go:noescape
-func fp8DotAVX512(x *float32, w *uint8, n int) float32
 
 //go:noescape
 func f32GemvAVX512(x *float32, w *float32, ws int, k int, quads int, out *float32, pf int, far bool)

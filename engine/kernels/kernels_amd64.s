@@ -375,7 +375,7 @@ store: \
 	RET
 
 // func f32Dot4x4AVX512(x *float32, xs int, w *float32, ws int, k int, out *float32, os int)
-// out[t*os+r] += Σ_j x[t*xs+j] * w[r*ws+j] for t, r < 4.
+// out[t*os+r] = Σ_j x[t*xs+j] * w[r*ws+j] for t, r < 4.
 TEXT ·f32Dot4x4AVX512(SB), NOSPLIT, $0-56
 	MOVQ x+0(FP), SI
 	MOVQ xs+8(FP), BX
@@ -430,25 +430,21 @@ f44reduce:
 	MOVQ os+48(FP), DX
 	SHLQ $2, DX
 	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0)
-	VADDPS  (DI), X0, X0
 	VMOVUPS X0, (DI)
 	ADDQ    DX, DI
 	REDUCE4(Z4, Z5, Z6, Z7, Y4, Y5, Y6, Y7, X4)
-	VADDPS  (DI), X4, X4
 	VMOVUPS X4, (DI)
 	ADDQ    DX, DI
 	REDUCE4(Z8, Z9, Z10, Z11, Y8, Y9, Y10, Y11, X8)
-	VADDPS  (DI), X8, X8
 	VMOVUPS X8, (DI)
 	ADDQ    DX, DI
 	REDUCE4(Z12, Z13, Z14, Z15, Y12, Y13, Y14, Y15, X12)
-	VADDPS  (DI), X12, X12
 	VMOVUPS X12, (DI)
 	VZEROUPPER
 	RET
 
 // func f32Dot1x4AVX512(x *float32, w *float32, ws int, k int, out *float32)
-// out[r] += Σ_j x[j] * w[r*ws+j] for r < 4, 32 columns per iteration.
+// out[r] = Σ_j x[j] * w[r*ws+j] for r < 4, 32 columns per iteration.
 TEXT ·f32Dot1x4AVX512(SB), NOSPLIT, $0-40
 	MOVQ x+0(FP), SI
 	MOVQ w+8(FP), DI
@@ -509,7 +505,6 @@ f14tail:
 f14reduce:
 	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0)
 	MOVQ    out+32(FP), R8
-	VADDPS  (R8), X0, X0
 	VMOVUPS X0, (R8)
 	VZEROUPPER
 	RET
@@ -650,39 +645,6 @@ b14reduce:
 	VZEROUPPER
 	RET
 
-// func bf16DotAVX512(x *float32, w *uint16, n int) float32
-TEXT ·bf16DotAVX512(SB), NOSPLIT, $0-28
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ n+16(FP), CX
-	VPXORD Z0, Z0, Z0
-	XORQ BX, BX
-	MOVQ CX, AX
-	ANDQ $-16, AX
-	JZ   b1tail
-
-b1loop:
-	BF16((DI)(BX*2), Z4)
-	VFMADD231PS (SI)(BX*4), Z4, Z0
-	ADDQ        $16, BX
-	CMPQ        BX, AX
-	JB          b1loop
-
-b1tail:
-	ANDQ $15, CX
-	JZ   b1reduce
-	TAILMASK
-	VMOVUPS.Z   (SI)(BX*4), K1, Z5
-	VMOVDQU16.Z (DI)(BX*2), K1, Y4
-	BF16(Y4, Z4)
-	VFMADD231PS Z5, Z4, Z0
-
-b1reduce:
-	REDUCE1
-	VMOVSS X0, ret+24(FP)
-	VZEROUPPER
-	RET
-
 // func fp8Dot1x4AVX512(x *float32, w *uint8, ws int, k int, out *float32)
 // out[r] = Σ_j x[j] * fp8(w[r*ws+j]) / 256 for r < 4.
 TEXT ·fp8Dot1x4AVX512(SB), NOSPLIT, $0-40
@@ -762,41 +724,6 @@ e14reduce:
 	REDUCE4(Z0, Z1, Z2, Z3, Y0, Y1, Y2, Y3, X0)
 	MOVQ    out+32(FP), R8
 	VMOVUPS X0, (R8)
-	VZEROUPPER
-	RET
-
-// func fp8DotAVX512(x *float32, w *uint8, n int) float32
-// Returns Σ_j x[j] * fp8(w[j]) / 256.
-TEXT ·fp8DotAVX512(SB), NOSPLIT, $0-28
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ n+16(FP), CX
-	FP8MASK
-	VPXORD Z0, Z0, Z0
-	XORQ BX, BX
-	MOVQ CX, AX
-	ANDQ $-16, AX
-	JZ   e1tail
-
-e1loop:
-	FP8((DI)(BX*1), Y4, Z4)
-	VFMADD231PS (SI)(BX*4), Z4, Z0
-	ADDQ        $16, BX
-	CMPQ        BX, AX
-	JB          e1loop
-
-e1tail:
-	ANDQ $15, CX
-	JZ   e1reduce
-	TAILMASK
-	VMOVUPS.Z  (SI)(BX*4), K1, Z5
-	VMOVDQU8.Z (DI)(BX*1), K1, X4
-	FP8(X4, Y4, Z4)
-	VFMADD231PS Z5, Z4, Z0
-
-e1reduce:
-	REDUCE1
-	VMOVSS X0, ret+24(FP)
 	VZEROUPPER
 	RET
 

@@ -6,9 +6,10 @@ import "golang.org/x/sys/cpu"
 
 // avx2Kernels is the AVX2+FMA+F16C kernel set for CPUs without AVX-512,
 // or nil when the CPU lacks those too. The assembly handles whole vectors
-// of 8 columns; the wrappers add the last k%8 columns with the portable
-// kernels. Single-row dots and conversions, used only at the edges of
-// tiles and for embedding lookups, stay portable.
+// of 8 columns; the wrappers add the last k%8 columns in order after them,
+// the same way on every path, and sum rows past the last quad as a quad
+// of one row, so every output is summed in one order. Exponentials and
+// conversions stay portable.
 var avx2Kernels = func() *Set {
 	x := cpu.X86
 	if !(x.HasAVX2 && x.HasFMA && x.HasF16C) {
@@ -16,13 +17,19 @@ var avx2Kernels = func() *Set {
 	}
 	ks := genericKernels
 	ks.name = "avx2"
-	ks.f32Dot4x4 = f32Dot4x4AVX2w
-	ks.f32Dot1x4 = f32Dot1x4AVX2w
+	ks.f32Dot4x4 = avx2F32.tile4x4
+	ks.f32Dot1x4 = avx2F32.dot1x4
+	ks.bf16Dot4x4 = avx2BF16.tile4x4
+	ks.bf16Dot1x4 = avx2BF16.dot1x4
+	ks.fp8Dot4x4 = avx2FP8.tile4x4
+	ks.fp8Dot1x4 = avx2FP8.dot1x4
+	ks.f32Gemv = avx2F32.gemv
+	ks.bf16Gemv = avx2BF16.gemv
+	ks.fp8Gemv = avx2FP8.gemv
+	ks.f32Gemm = avx2F32.gemm
+	ks.bf16Gemm = avx2BF16.gemm
+	ks.fp8Gemm = avx2FP8.gemm
 	ks.dot = dotAVX2w
-	ks.bf16Dot4x4 = bf16Dot4x4AVX2w
-	ks.bf16Dot1x4 = bf16Dot1x4AVX2w
-	ks.fp8Dot4x4 = fp8Dot4x4AVX2w
-	ks.fp8Dot1x4 = fp8Dot1x4AVX2w
 	ks.axpy = axpyAVX2w
 	ks.scale = scaleAVX2w
 	ks.addWeighted = func(out []float32, os int, p []float32, ps, nr int, v []float32, vs, n, d int) {
@@ -31,27 +38,120 @@ var avx2Kernels = func() *Set {
 	return &ks
 }()
 
-func f32Dot4x4AVX2w(x []float32, xs int, w []float32, ws, k int, out []float32, os int) {
-	kv := k &^ 7
-	if kv > 0 {
-		_, _, _ = x[3*xs+k-1], w[3*ws+k-1], out[3*os+3]
-		f32Dot2x4AVX2(&x[0], xs, &w[0], ws, kv, &out[0], os)
-		f32Dot2x4AVX2(&x[2*xs], xs, &w[0], ws, kv, &out[2*os], os)
+// weight is an element type of W.
+type weight interface{ float32 | uint16 | uint8 }
+
+// avx2Ops are one weight type's AVX2 kernels, for k a multiple of 8, and
+// the decoding of its tail columns (raw for FP8, as in the assembly).
+type avx2Ops[T weight] struct {
+	size  int
+	gemvK func(x *float32, w *T, ws, k, quads int, out *float32, pf int, far bool)
+	gemmK func(x0, x1 *float32, w *T, ws, k, quads int, out *float32, os, pf int, far bool)
+	tileK func(x *float32, xs int, w *T, ws, k int, out *float32, os int)
+	dec   func(T) float32
+}
+
+var (
+	avx2F32  = &avx2Ops[float32]{4, f32GemvAVX2, f32Gemm2AVX2, f32Dot2x4AVX2, func(v float32) float32 { return v }}
+	avx2BF16 = &avx2Ops[uint16]{2, bf16GemvAVX2, bf16Gemm2AVX2, bf16Dot2x4AVX2, bf16}
+	avx2FP8  = &avx2Ops[uint8]{1, fp8GemvAVX2, fp8Gemm2AVX2, fp8Dot2x4AVX2, func(b uint8) float32 { return fp8Raw[b] }}
+)
+
+// tail returns Σ x[j]*w[j] over the columns the assembly leaves out.
+func (o *avx2Ops[T]) tail(x []float32, w []T) float32 {
+	w = w[:len(x)]
+	var s float32
+	for j, v := range x {
+		s += v * o.dec(w[j])
 	}
-	if kv < k {
-		f32Dot4x4Go(x[kv:], xs, w[kv:], ws, k-kv, out, os)
+	return s
+}
+
+// addTails adds the products over columns [kv, k) to out[t*os+r] for
+// t < nx, r < rows.
+func (o *avx2Ops[T]) addTails(x []float32, xs, nx int, w []T, ws, kv, k, rows int, out []float32, os int) {
+	if kv == k {
+		return
+	}
+	for t := range nx {
+		for r := range rows {
+			out[t*os+r] += o.tail(x[t*xs+kv:t*xs+k], w[r*ws+kv:r*ws+k])
+		}
 	}
 }
 
-func f32Dot1x4AVX2w(x, w []float32, ws, k int, out []float32) {
+// gemv stores Σ_j x[j]*W[r][j] into out[r] for r < rows.
+func (o *avx2Ops[T]) gemv(x []float32, w []T, ws, k, rows int, out []float32) {
+	_, _, _ = x[k-1], w[(rows-1)*ws+k-1], out[rows-1]
+	kv, q := k&^7, rows/4
+	if kv == 0 {
+		clear(out[:rows])
+	} else {
+		if q > 0 {
+			pf, far := gemvPrefetch(ws, o.size)
+			o.gemvK(&x[0], &w[0], ws, kv, q, &out[0], pf, far)
+		}
+		for r := 4 * q; r < rows; r++ {
+			var one [4]float32
+			o.gemvK(&x[0], &w[r*ws], 0, kv, 1, &one[0], 0, false)
+			out[r] = one[0]
+		}
+	}
+	o.addTails(x, 0, 1, w, ws, kv, k, rows, out, 0)
+}
+
+// gemm stores Σ_j x[t*xs+j]*W[r][j] into out[t*os+r] for t < nx (1 to 4)
+// and r < rows, two x rows per GEMM2 call.
+func (o *avx2Ops[T]) gemm(x []float32, xs, nx int, w []T, ws, k, rows int, out []float32, os int) {
+	for t := 0; t < nx; t += 2 {
+		if t+1 == nx {
+			o.gemv(x[t*xs:], w, ws, k, rows, out[t*os:])
+			continue
+		}
+		o.gemm2(x[t*xs:], xs, w, ws, k, rows, out[t*os:], os)
+	}
+}
+
+// gemm2 is gemm for two x rows.
+func (o *avx2Ops[T]) gemm2(x []float32, xs int, w []T, ws, k, rows int, out []float32, os int) {
+	_, _, _ = x[xs+k-1], w[(rows-1)*ws+k-1], out[os+rows-1]
+	kv, q := k&^7, rows/4
+	if kv == 0 {
+		clear(out[:rows])
+		clear(out[os : os+rows])
+	} else {
+		pf, far := gemvPrefetch(ws, o.size)
+		far = far || pf+2*k*4 > gemmNear
+		if q > 0 {
+			o.gemmK(&x[0], &x[xs], &w[0], ws, kv, q, &out[0], os, pf, far)
+		}
+		for r := 4 * q; r < rows; r++ {
+			var one [8]float32
+			o.gemmK(&x[0], &x[xs], &w[r*ws], 0, kv, 1, &one[0], 4, 0, false)
+			out[r], out[os+r] = one[0], one[4]
+		}
+	}
+	o.addTails(x, xs, 2, w, ws, kv, k, rows, out, os)
+}
+
+// tile4x4 stores the products of four x rows with four W rows.
+func (o *avx2Ops[T]) tile4x4(x []float32, xs int, w []T, ws, k int, out []float32, os int) {
+	_, _, _ = x[3*xs+k-1], w[3*ws+k-1], out[3*os+3]
 	kv := k &^ 7
-	if kv > 0 {
-		_, _, _ = x[k-1], w[3*ws+k-1], out[3]
-		f32Dot1x4AVX2(&x[0], &w[0], ws, kv, &out[0])
+	if kv == 0 {
+		for t := range 4 {
+			clear(out[t*os : t*os+4])
+		}
+	} else {
+		o.tileK(&x[0], xs, &w[0], ws, kv, &out[0], os)
+		o.tileK(&x[2*xs], xs, &w[0], ws, kv, &out[2*os], os)
 	}
-	if kv < k {
-		f32Dot1x4Go(x[kv:], w[kv:], ws, k-kv, out)
-	}
+	o.addTails(x, xs, 4, w, ws, kv, k, 4, out, os)
+}
+
+// dot1x4 stores the products of one x row with four W rows.
+func (o *avx2Ops[T]) dot1x4(x []float32, w []T, ws, k int, out []float32) {
+	o.gemv(x, w, ws, k, 4, out)
 }
 
 func dotAVX2w(a, b []float32) float32 {
@@ -65,81 +165,6 @@ func dotAVX2w(a, b []float32) float32 {
 		s += dotGo(a[nv:], b[nv:])
 	}
 	return s
-}
-
-// addTail4x4 adds the products over columns [kv, k) to the 4x4 outputs
-// that a storing kernel has written for columns [0, kv).
-func addTail4x4(out []float32, os int, tail func(out []float32, os int)) {
-	var t [16]float32
-	tail(t[:], 4)
-	for r := 0; r < 4; r++ {
-		o := out[r*os : r*os+4]
-		for c := range o {
-			o[c] += t[4*r+c]
-		}
-	}
-}
-
-func bf16Dot4x4AVX2w(x []float32, xs int, w []uint16, ws, k int, out []float32, os int) {
-	kv := k &^ 7
-	if kv == 0 {
-		bf16Dot4x4Go(x, xs, w, ws, k, out, os)
-		return
-	}
-	_, _, _ = x[3*xs+k-1], w[3*ws+k-1], out[3*os+3]
-	bf16Dot2x4AVX2(&x[0], xs, &w[0], ws, kv, &out[0], os)
-	bf16Dot2x4AVX2(&x[2*xs], xs, &w[0], ws, kv, &out[2*os], os)
-	if kv < k {
-		addTail4x4(out, os, func(t []float32, ts int) { bf16Dot4x4Go(x[kv:], xs, w[kv:], ws, k-kv, t, ts) })
-	}
-}
-
-func fp8Dot4x4AVX2w(x []float32, xs int, w []uint8, ws, k int, out []float32, os int) {
-	kv := k &^ 7
-	if kv == 0 {
-		fp8Dot4x4Go(x, xs, w, ws, k, out, os)
-		return
-	}
-	_, _, _ = x[3*xs+k-1], w[3*ws+k-1], out[3*os+3]
-	fp8Dot2x4AVX2(&x[0], xs, &w[0], ws, kv, &out[0], os)
-	fp8Dot2x4AVX2(&x[2*xs], xs, &w[0], ws, kv, &out[2*os], os)
-	if kv < k {
-		addTail4x4(out, os, func(t []float32, ts int) { fp8Dot4x4Go(x[kv:], xs, w[kv:], ws, k-kv, t, ts) })
-	}
-}
-
-func bf16Dot1x4AVX2w(x []float32, w []uint16, ws, k int, out []float32) {
-	kv := k &^ 7
-	if kv == 0 {
-		bf16Dot1x4Go(x, w, ws, k, out)
-		return
-	}
-	_, _, _ = x[k-1], w[3*ws+k-1], out[3]
-	bf16Dot1x4AVX2(&x[0], &w[0], ws, kv, &out[0])
-	if kv < k {
-		var t [4]float32
-		bf16Dot1x4Go(x[kv:], w[kv:], ws, k-kv, t[:])
-		for r, v := range t {
-			out[r] += v
-		}
-	}
-}
-
-func fp8Dot1x4AVX2w(x []float32, w []uint8, ws, k int, out []float32) {
-	kv := k &^ 7
-	if kv == 0 {
-		fp8Dot1x4Go(x, w, ws, k, out)
-		return
-	}
-	_, _, _ = x[k-1], w[3*ws+k-1], out[3]
-	fp8Dot1x4AVX2(&x[0], &w[0], ws, kv, &out[0])
-	if kv < k {
-		var t [4]float32
-		fp8Dot1x4Go(x[kv:], w[kv:], ws, k-kv, t[:])
-		for r, v := range t {
-			out[r] += v
-		}
-	}
 }
 
 func axpyAVX2w(y []float32, alpha float32, x []float32) {
@@ -171,13 +196,22 @@ func bf16Dot2x4AVX2(x *float32, xs int, w *uint16, ws int, k int, out *float32, 
 func fp8Dot2x4AVX2(x *float32, xs int, w *uint8, ws int, k int, out *float32, os int)
 
 //go:noescape
-func f32Dot1x4AVX2(x *float32, w *float32, ws int, k int, out *float32)
+func f32GemvAVX2(x *float32, w *float32, ws int, k int, quads int, out *float32, pf int, far bool)
 
 //go:noescape
-func bf16Dot1x4AVX2(x *float32, w *uint16, ws int, k int, out *float32)
+func bf16GemvAVX2(x *float32, w *uint16, ws int, k int, quads int, out *float32, pf int, far bool)
 
 //go:noescape
-func fp8Dot1x4AVX2(x *float32, w *uint8, ws int, k int, out *float32)
+func fp8GemvAVX2(x *float32, w *uint8, ws int, k int, quads int, out *float32, pf int, far bool)
+
+//go:noescape
+func f32Gemm2AVX2(x0, x1 *float32, w *float32, ws, k, quads int, out *float32, os, pf int, far bool)
+
+//go:noescape
+func bf16Gemm2AVX2(x0, x1 *float32, w *uint16, ws, k, quads int, out *float32, os, pf int, far bool)
+
+//go:noescape
+func fp8Gemm2AVX2(x0, x1 *float32, w *uint8, ws, k, quads int, out *float32, os, pf int, far bool)
 
 //go:noescape
 func dotAVX2(a *float32, b *float32, n int) float32

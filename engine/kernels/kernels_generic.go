@@ -17,24 +17,22 @@ import (
 // precision at 1/256 of its value), and the caller multiplies by 256·scale.
 type Set struct {
 	name string
-	// f32Dot4x4 adds Σ_j x[t*xs+j]*w[r*ws+j] to out[t*os+r] for t, r < 4.
+	// f32Dot4x4 stores Σ_j x[t*xs+j]*w[r*ws+j] into out[t*os+r] for t, r < 4.
 	f32Dot4x4 func(x []float32, xs int, w []float32, ws, k int, out []float32, os int)
-	// f32Dot1x4 adds Σ_j x[j]*w[r*ws+j] to out[r] for r < 4.
+	// f32Dot1x4 stores Σ_j x[j]*w[r*ws+j] into out[r] for r < 4. With
+	// ws = 0 it sums one row (four times), in the order of every quad.
 	f32Dot1x4 func(x, w []float32, ws, k int, out []float32)
-	// dot returns Σ a[j]*b[j]; len(a) == len(b).
+	// dot returns Σ a[j]*b[j]; len(a) == len(b). It serves [Pool.Dot],
+	// not the products, and may sum in another order than they do.
 	dot func(a, b []float32) float32
 	// bf16Dot4x4 stores Σ_j x[t*xs+j]*W[r][j] into out[t*os+r] for t, r < 4.
 	bf16Dot4x4 func(x []float32, xs int, w []uint16, ws, k int, out []float32, os int)
 	// bf16Dot1x4 stores Σ_j x[j]*W[r][j] into out[r] for r < 4.
 	bf16Dot1x4 func(x []float32, w []uint16, ws, k int, out []float32)
-	// bf16Dot returns Σ x[j]*W[j]; len(x) == len(w).
-	bf16Dot func(x []float32, w []uint16) float32
 	// fp8Dot4x4 stores the raw FP8 dot products into out[t*os+r] for t, r < 4.
 	fp8Dot4x4 func(x []float32, xs int, w []uint8, ws, k int, out []float32, os int)
 	// fp8Dot1x4 stores the raw FP8 dot products into out[r] for r < 4.
 	fp8Dot1x4 func(x []float32, w []uint8, ws, k int, out []float32)
-	// fp8Dot returns the raw FP8 dot product; len(x) == len(w).
-	fp8Dot func(x []float32, w []uint8) float32
 	// f32Gemv, bf16Gemv and fp8Gemv, where a set has them, are the
 	// single-token (decode) products over many rows at once: they store
 	// Σ_j x[j]*W[r][j] (raw for FP8) into out[r] for r < rows. Sets without
@@ -80,10 +78,8 @@ var genericKernels = Set{
 	dot:         dotGo,
 	bf16Dot4x4:  bf16Dot4x4Go,
 	bf16Dot1x4:  bf16Dot1x4Go,
-	bf16Dot:     bf16DotGo,
 	fp8Dot4x4:   fp8Dot4x4Go,
 	fp8Dot1x4:   fp8Dot1x4Go,
-	fp8Dot:      fp8DotGo,
 	bf16ToF32:   bf16ToF32Go,
 	fp8ToF32:    fp8ToF32Go,
 	axpy:        axpyGo,
@@ -118,10 +114,7 @@ func f32Dot1x4Go(x, w []float32, ws, k int, out []float32) {
 		s3 += v * w3[j]
 	}
 	out = out[:4]
-	out[0] += s0
-	out[1] += s1
-	out[2] += s2
-	out[3] += s3
+	out[0], out[1], out[2], out[3] = s0, s1, s2, s3
 }
 
 func dotGo(a, b []float32) float32 {

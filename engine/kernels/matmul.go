@@ -77,8 +77,9 @@ func (c *mmCall) rows(lo, hi int) {
 	c.quantized(lo, hi)
 }
 
-// f32 runs the register-blocked F32 kernels over tiles of 4 x rows × 4 W
-// rows, accumulating into out.
+// f32 runs the F32 kernels: GEMV for one x row, the small-batch kernels
+// for a few, else register-blocked tiles of 4 x rows × 4 W rows over
+// blocks of x rows.
 func (c *mmCall) f32(lo, hi int) {
 	ks, x, out, n := c.ks, c.x, c.out, c.n
 	rows, cols := c.w.Rows, c.w.Cols
@@ -91,36 +92,36 @@ func (c *mmCall) f32(lo, hi int) {
 		smallBatch(ks.f32Gemm, x, n, w, 4, rows, cols, lo, hi, out)
 		return
 	}
-	for t := 0; t < n; t++ {
-		clear(out[t*rows+lo : t*rows+hi])
-	}
-	kc := cols
-	if n*cols*4 > xBlockBytes {
-		kc = min(cols, kBlock)
-	}
-	xb := max(4, xBlockBytes/(4*kc)&^3)
+	xb := max(4, xBlockBytes/(4*cols)&^3)
 	for t0 := 0; t0 < n; t0 += xb {
 		t1 := min(n, t0+xb)
-		for k0 := 0; k0 < cols; k0 += kc {
-			k1 := min(cols, k0+kc)
-			kl := k1 - k0
-			i := lo
-			for ; i+4 <= hi; i += 4 {
-				wt := w[i*cols+k0:]
-				t := t0
-				for ; t+4 <= t1; t += 4 {
-					ks.f32Dot4x4(x[t*cols+k0:], cols, wt, cols, kl, out[t*rows+i:], rows)
-				}
-				for ; t < t1; t++ {
-					ks.f32Dot1x4(x[t*cols+k0:], wt, cols, kl, out[t*rows+i:])
-				}
-			}
-			for ; i < hi; i++ {
-				wr := w[i*cols+k0 : i*cols+k1]
-				for t := t0; t < t1; t++ {
-					out[t*rows+i] += ks.dot(x[t*cols+k0:t*cols+k1], wr)
-				}
-			}
+		tiles(ks.f32Dot4x4, ks.f32Dot1x4, x, t0, t1, w, rows, cols, lo, hi, out)
+	}
+}
+
+// tiles stores the products of x rows [t0, t1) with W rows [lo, hi)
+// through 4x4 tiles, 1x4 tiles for the x rows past the last quad of them,
+// and for the W rows past the last quad, 1x4 tiles of one row repeated
+// (stride 0): every output is summed as the quads' are.
+func tiles[T any](dot4x4 func(x []float32, xs int, w []T, ws, k int, out []float32, os int),
+	dot1x4 func(x []float32, w []T, ws, k int, out []float32),
+	x []float32, t0, t1 int, w []T, rows, cols, lo, hi int, out []float32) {
+	i := lo
+	for ; i+4 <= hi; i += 4 {
+		wt := w[i*cols:]
+		t := t0
+		for ; t+4 <= t1; t += 4 {
+			dot4x4(x[t*cols:], cols, wt, cols, cols, out[t*rows+i:], rows)
+		}
+		for ; t < t1; t++ {
+			dot1x4(x[t*cols:], wt, cols, cols, out[t*rows+i:])
+		}
+	}
+	for ; i < hi; i++ {
+		for t := t0; t < t1; t++ {
+			var one [4]float32
+			dot1x4(x[t*cols:], w[i*cols:], 0, cols, one[:])
+			out[t*rows+i] = one[0]
 		}
 	}
 }
@@ -196,33 +197,10 @@ func (c *mmCall) decode(x []float32, t0, t1, lo, hi int) {
 		smallBatch(ks.fp8Gemm, x, n, w.FP8, 1, rows, cols, lo, hi, out)
 		return
 	}
-	i := lo
-	for ; i+4 <= hi; i += 4 {
-		t := 0
-		for ; t+4 <= n; t += 4 {
-			if bf {
-				ks.bf16Dot4x4(x[t*cols:], cols, w.BF16[i*cols:], cols, cols, out[t*rows+i:], rows)
-			} else {
-				ks.fp8Dot4x4(x[t*cols:], cols, w.FP8[i*cols:], cols, cols, out[t*rows+i:], rows)
-			}
-		}
-		for ; t < n; t++ {
-			if bf {
-				ks.bf16Dot1x4(x[t*cols:], w.BF16[i*cols:], cols, cols, out[t*rows+i:])
-			} else {
-				ks.fp8Dot1x4(x[t*cols:], w.FP8[i*cols:], cols, cols, out[t*rows+i:])
-			}
-		}
-	}
-	for ; i < hi; i++ {
-		for t := 0; t < n; t++ {
-			xt := x[t*cols : (t+1)*cols]
-			if bf {
-				out[t*rows+i] = ks.bf16Dot(xt, w.BF16[i*cols:(i+1)*cols])
-			} else {
-				out[t*rows+i] = ks.fp8Dot(xt, w.FP8[i*cols:(i+1)*cols])
-			}
-		}
+	if bf {
+		tiles(ks.bf16Dot4x4, ks.bf16Dot1x4, x, 0, n, w.BF16, rows, cols, lo, hi, out)
+	} else {
+		tiles(ks.fp8Dot4x4, ks.fp8Dot1x4, x, 0, n, w.FP8, rows, cols, lo, hi, out)
 	}
 }
 

@@ -251,17 +251,20 @@ func TestGemmKernels(t *testing.T) {
 }
 
 // TestMatMulBatchInvariant checks that each x row's products are bit for
-// bit the same whether it is multiplied alone or in a batch, with the
-// kernel sets that promise it (the continuous batching engine relies on
-// it for greedy decoding to not depend on load).
+// bit the same whether it is multiplied alone or in a batch, on every
+// kernel set (the continuous batching engine relies on it for greedy
+// decoding to not depend on load).
 func TestMatMulBatchInvariant(t *testing.T) {
-	rng := rand.New(rand.NewPCG(6, 6))
 	for _, ks := range kernelSets() {
-		if ks.name == "avx2" {
-			continue // its 4x4 and 1x4 kernels sum in different orders
-		}
+		t.Run(ks.name, func(t *testing.T) { testBatchInvariant(t, ks) })
+	}
+}
+
+func testBatchInvariant(t *testing.T, ks *Set) {
+	rng := rand.New(rand.NewPCG(6, 6))
+	{
 		for _, k := range weightKinds {
-			for _, shape := range [][2]int{{7, 172}, {130, 300}, {257, 64}} {
+			for _, shape := range [][2]int{{7, 172}, {130, 300}, {257, 64}, {9, 1031}} {
 				rows, cols := shape[0], shape[1]
 				w := newMatrix(rng, k, rows, cols)
 				for _, n := range []int{2, 3, 4, 5, 6, 7, 8, 9, 17, 70} {
@@ -290,11 +293,10 @@ func TestMatMulBatchInvariant(t *testing.T) {
 }
 
 func TestMatMulBlocking(t *testing.T) {
-	// Enough x to exceed xBlockBytes: F32 is split into column blocks of
-	// kBlock and two x blocks; BF16 and FP8 into three x blocks. Rows = 9
-	// leaves a row after the 4-row tiles, n = 133 an x row after the 4x4
-	// tiles.
-	const n, rows, cols = 133, 9, 2*kBlock + 37
+	// Enough x to exceed xBlockBytes: it is split into several x blocks.
+	// Rows = 9 leaves a row after the 4-row tiles, n = 133 an x row after
+	// the 4x4 tiles.
+	const n, rows, cols = 133, 9, 2085
 	if n*cols*4 <= xBlockBytes {
 		t.Fatal("shape does not exercise blocking")
 	}
@@ -483,29 +485,26 @@ func TestAtDequantises(t *testing.T) {
 
 // TestMatMulSplitInvariant checks that a product's rows come out bit for bit
 // the same whether x is multiplied in one call or split into calls of any
-// size: the engine's greedy output must not depend on how continuous
-// batching grouped tokens into steps. The sizes cross every path (one row,
-// small batches, 4x4 tiles, x blocks). Two exceptions, equal within
-// rounding but not bit for bit: F32 products wider than kBlock, whose
-// large batches sum the columns in blocks while small ones do not
-// (blocking them all costs 10-20% on wide layers), and the AVX2 set, whose
-// one-row and two-row tiles sum in different orders.
+// size, on every kernel set: the engine's greedy output must not depend on
+// how continuous batching grouped tokens into steps. The sizes cross every
+// path (one row, small batches, 4x4 tiles, x blocks, rows past the last
+// quad, columns past the last vector).
 func TestMatMulSplitInvariant(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a few seconds of products; slow under the race detector")
 	}
-	rng := rand.New(rand.NewPCG(3, 4))
 	for _, ks := range kernelSets() {
-		if ks.name == "avx2" {
-			continue
-		}
+		t.Run(ks.name, func(t *testing.T) { testSplitInvariant(t, ks) })
+	}
+}
+
+func testSplitInvariant(t *testing.T, ks *Set) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	{
 		p := newPool(2, ks)
 		for _, k := range weightKinds {
-			for _, shape := range [][2]int{{64, 172}, {132, 768}, {36, 2048}, {20, 3000}} {
+			for _, shape := range [][2]int{{64, 172}, {132, 768}, {36, 2048}, {20, 3000}, {7, 1037}} {
 				rows, cols := shape[0], shape[1]
-				if k.dt == dtype.F32 && cols > kBlock {
-					continue
-				}
 				w := newMatrix(rng, k, rows, cols)
 				const n = 200
 				x := randomVector(rng, n*cols)

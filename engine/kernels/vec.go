@@ -80,11 +80,12 @@ func mulRows(ks *Set, out []float32, os int, x []float32, xs, nx int, w []float3
 		o := out[t*os : t*os+nw]
 		r := 0
 		for ; r+4 <= nw; r += 4 {
-			clear(o[r : r+4])
 			ks.f32Dot1x4(xt, w[r*ws:], ws, k, o[r:])
 		}
 		for ; r < nw; r++ {
-			o[r] = ks.dot(xt, w[r*ws:r*ws+k])
+			var one [4]float32
+			ks.f32Dot1x4(xt, w[r*ws:], 0, k, one[:])
+			o[r] = one[0]
 		}
 	}
 }

@@ -132,28 +132,44 @@ func TestBF16DecodeIsExact(t *testing.T) {
 	}
 }
 
-func TestSingleRowDots(t *testing.T) {
-	// bf16Dot and fp8Dot are used for the rows left over after 4-row tiles.
+// TestOneRowQuads checks what rows past the last quad rely on: a 1x4
+// tile of one row repeated (stride 0) sums that row exactly as a quad that
+// holds it does, in every position of the quad, for every weight type.
+func TestOneRowQuads(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 5))
 	for _, n := range vectorLengths[1:] {
 		x := randomVector(rng, n)
-		wb := make([]uint16, n)
-		w8 := make([]uint8, n)
-		var wantB, wantE, magB, magE float64
-		for i := range n {
-			wb[i] = dtype.F32ToBF16(rng.Float32()*2 - 1)
-			w8[i] = randomFP8(rng)
-			pb := float64(x[i]) * float64(dtype.BF16ToF32(wb[i]))
-			pe := float64(x[i]) * float64(dtype.E4M3ToF32(w8[i])) / fp8Unit
-			wantB, magB = wantB+pb, magB+math.Abs(pb)
-			wantE, magE = wantE+pe, magE+math.Abs(pe)
-		}
-		for _, ks := range kernelSets() {
-			if got := ks.bf16Dot(x, wb); math.Abs(float64(got)-wantB) > 1e-5*magB+1e-30 {
-				t.Errorf("%s bf16Dot(len %d) = %g, want %g", ks.name, n, got, wantB)
-			}
-			if got := ks.fp8Dot(x, w8); math.Abs(float64(got)-wantE) > 1e-5*magE+1e-30 {
-				t.Errorf("%s fp8Dot(len %d) = %g, want %g", ks.name, n, got, wantE)
+		for _, k := range []weightKind{weightKinds[0], weightKinds[1], weightKinds[2]} {
+			w := newMatrix(rng, k, 4, n)
+			for _, ks := range kernelSets() {
+				var quad [4]float32
+				one := func(r int) (got [4]float32) {
+					switch k.dt {
+					case dtype.F32:
+						ks.f32Dot1x4(x, w.F32[r*n:], 0, n, got[:])
+					case dtype.BF16:
+						ks.bf16Dot1x4(x, w.BF16[r*n:], 0, n, got[:])
+					default:
+						ks.fp8Dot1x4(x, w.FP8[r*n:], 0, n, got[:])
+					}
+					return got
+				}
+				switch k.dt {
+				case dtype.F32:
+					ks.f32Dot1x4(x, w.F32, n, n, quad[:])
+				case dtype.BF16:
+					ks.bf16Dot1x4(x, w.BF16, n, n, quad[:])
+				default:
+					ks.fp8Dot1x4(x, w.FP8, n, n, quad[:])
+				}
+				for r := range 4 {
+					got := one(r)
+					for c, v := range got {
+						if math.Float32bits(v) != math.Float32bits(quad[r]) {
+							t.Fatalf("%s %s len %d: row %d alone gives %v in lane %d, %v in its quad", ks.name, k.name, n, r, v, c, quad[r])
+						}
+					}
+				}
 			}
 		}
 	}
