@@ -5,11 +5,38 @@
 // Decode (one token per sequence) is a matrix-vector product bound by
 // memory bandwidth; prefill is a matrix-matrix product bound by arithmetic.
 // Both run through [Pool.MatMul], which splits the rows of W across the
-// pool's threads in 128-row chunks (so no thread splits an FP8 block) and
-// runs hand-written assembly on amd64: AVX-512 where the CPU has it, else
-// AVX2+FMA+F16C. Builds with the purego tag, other architectures and older
-// CPUs use a portable Go implementation that gives the same results within
-// float rounding.
+// pool's threads in 128-row chunks (so no thread splits an FP8 block).
+//
+// # Kernel sets
+//
+// A [Set] is one implementation of the inner loops: "avx512" (AVX-512 F,
+// BW, VL, DQ and FMA), "avx2" (AVX2, FMA and F16C) or "generic" (portable
+// Go, also what purego builds and other architectures run). [Supported]
+// lists what this CPU runs; a pool computes with the set it was made with
+// ([Set.NewPool]), and [NewPool] uses [Default]: the set STOKE_KERNELS
+// names, else the fastest. Sets agree within float rounding, not bit for
+// bit.
+//
+// # One result per input
+//
+// Within a set, every output of [Pool.MatMul] and [Pool.MulRows] is summed
+// in one order that depends only on the row of x, the row of W and their
+// length: never on the batch size, on which kernel (GEMV, small batch,
+// tile) or tile shape computed it, on how the rows were split across
+// threads, or on how a prompt was chunked. Each output has one
+// accumulator, fed the columns in vector-wide blocks from the first
+// (16 columns for avx512, 8 for avx2, 1 for generic), then reduced across
+// lanes by the set's one tree; avx512 adds the last k%16 columns as a
+// masked block, avx2 adds the last k%8 columns one by one after the
+// reduction. Rows of W past the last quad are computed as a quad of that
+// row repeated, so they are summed as quads are, and columns are never
+// split into blocks. BF16 and FP8 weights are widened exactly, so a path
+// that widens W into F32 first gives the same bits as one that decodes in
+// registers. Continuous batching relies on this: at temperature 0 a
+// request gets the same tokens whatever else is in the batch.
+// [Pool.AddWeightedRows], [Pool.ExpSum] and [Pool.SiLUMul] keep the same
+// promise for their outputs; [Pool.Dot] does not (it may sum in any
+// order, for speed).
 //
 // How the work is laid out:
 //
@@ -54,6 +81,12 @@
 //     per step, so values are neither transposed nor summed across lanes.
 //     [ExpSum] and [SiLUMul] evaluate exp 16 lanes at a time (a Cephes
 //     polynomial scaled by VSCALEFPS), for the softmax and for SwiGLU.
+//
+// The avx2 set has 16 vector registers instead of 32: its 4x4 tiles run
+// as two 2x4 passes, its small-batch kernels take two x rows at a time,
+// and large BF16 and FP8 products widen each quad of W rows into F32
+// scratch once and run the F32 tiles (Set.widenTiles), since decoding in
+// registers would cost as much as the FMAs it feeds.
 //
 // On the 2-core Zen 4 development machine one core reaches about 90-100
 // GFLOP/s on F32 prefill (peak 117), and decode streams weights at close

@@ -8,8 +8,8 @@ import "golang.org/x/sys/cpu"
 // or nil when the CPU lacks those too. The assembly handles whole vectors
 // of 8 columns; the wrappers add the last k%8 columns in order after them,
 // the same way on every path, and sum rows past the last quad as a quad
-// of one row, so every output is summed in one order. Exponentials and
-// conversions stay portable.
+// of one row, so every output is summed in one order. Exponentials stay
+// portable.
 var avx2Kernels = func() *Set {
 	x := cpu.X86
 	if !(x.HasAVX2 && x.HasFMA && x.HasF16C) {
@@ -29,6 +29,9 @@ var avx2Kernels = func() *Set {
 	ks.f32Gemm = avx2F32.gemm
 	ks.bf16Gemm = avx2BF16.gemm
 	ks.fp8Gemm = avx2FP8.gemm
+	ks.widenTiles = true
+	ks.bf16ToF32 = bf16ToF32AVX2w
+	ks.fp8ToF32 = fp8ToF32AVX2w
 	ks.dot = dotAVX2w
 	ks.axpy = axpyAVX2w
 	ks.scale = scaleAVX2w
@@ -167,6 +170,24 @@ func dotAVX2w(a, b []float32) float32 {
 	return s
 }
 
+func bf16ToF32AVX2w(dst []float32, src []uint16) {
+	dst = dst[:len(src)]
+	nv := len(src) &^ 7
+	if nv > 0 {
+		bf16ToF32AVX2(&dst[0], &src[0], nv)
+	}
+	bf16ToF32Go(dst[nv:], src[nv:])
+}
+
+func fp8ToF32AVX2w(dst []float32, src []uint8, mul float32) {
+	dst = dst[:len(src)]
+	nv := len(src) &^ 7
+	if nv > 0 {
+		fp8ToF32AVX2(&dst[0], &src[0], nv, mul)
+	}
+	fp8ToF32Go(dst[nv:], src[nv:], mul)
+}
+
 func axpyAVX2w(y []float32, alpha float32, x []float32) {
 	x = x[:len(y)]
 	nv := len(y) &^ 7
@@ -212,6 +233,12 @@ func bf16Gemm2AVX2(x0, x1 *float32, w *uint16, ws, k, quads int, out *float32, o
 
 //go:noescape
 func fp8Gemm2AVX2(x0, x1 *float32, w *uint8, ws, k, quads int, out *float32, os, pf int, far bool)
+
+//go:noescape
+func bf16ToF32AVX2(dst *float32, src *uint16, n int)
+
+//go:noescape
+func fp8ToF32AVX2(dst *float32, src *uint8, n int, mul float32)
 
 //go:noescape
 func dotAVX2(a *float32, b *float32, n int) float32

@@ -1108,3 +1108,46 @@ sc8:
 scdone:
 	VZEROUPPER
 	RET
+
+// func bf16ToF32AVX2(dst *float32, src *uint16, n int)
+// dst[j] = bf16(src[j]); n % 8 == 0.
+TEXT ·bf16ToF32AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ BX, BX
+
+b2floop:
+	CMPQ    BX, CX
+	JAE     b2fdone
+	BF16Y((SI)(BX*2), Y0)
+	VMOVUPS Y0, (DI)(BX*4)
+	ADDQ    $8, BX
+	JMP     b2floop
+
+b2fdone:
+	VZEROUPPER
+	RET
+
+// func fp8ToF32AVX2(dst *float32, src *uint8, n int, mul float32)
+// dst[j] = fp8(src[j]) / 256 * mul; n % 8 == 0.
+TEXT ·fp8ToF32AVX2(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS mul+24(FP), Y14
+	FP8MASKY
+	XORQ         BX, BX
+
+e2floop:
+	CMPQ    BX, CX
+	JAE     e2fdone
+	FP8Y((SI)(BX*1), X0, Y0)
+	VMULPS  Y14, Y0, Y0
+	VMOVUPS Y0, (DI)(BX*4)
+	ADDQ    $8, BX
+	JMP     e2floop
+
+e2fdone:
+	VZEROUPPER
+	RET

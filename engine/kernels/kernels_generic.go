@@ -48,6 +48,11 @@ type Set struct {
 	f32Gemm  func(x []float32, xs, nx int, w []float32, ws, k, rows int, out []float32, os int)
 	bf16Gemm func(x []float32, xs, nx int, w []uint16, ws, k, rows int, out []float32, os int)
 	fp8Gemm  func(x []float32, xs, nx int, w []uint8, ws, k, rows int, out []float32, os int)
+	// widenTiles makes large BF16 and FP8 products widen each quad of W
+	// rows into F32 once and run the F32 tiles, instead of the set's
+	// BF16 and FP8 tiles (for sets where decoding in registers costs more
+	// than the FMAs it feeds).
+	widenTiles bool
 	// bf16ToF32 widens src into dst; len(dst) == len(src).
 	bf16ToF32 func(dst []float32, src []uint16)
 	// fp8ToF32 stores E4M3(src[j])/256*mul into dst[j]; len(dst) == len(src).

@@ -197,10 +197,38 @@ func (c *mmCall) decode(x []float32, t0, t1, lo, hi int) {
 		smallBatch(ks.fp8Gemm, x, n, w.FP8, 1, rows, cols, lo, hi, out)
 		return
 	}
-	if bf {
+	switch {
+	case ks.widenTiles:
+		c.widenedTiles(x, n, lo, hi, out)
+	case bf:
 		tiles(ks.bf16Dot4x4, ks.bf16Dot1x4, x, 0, n, w.BF16, rows, cols, lo, hi, out)
-	} else {
+	default:
 		tiles(ks.fp8Dot4x4, ks.fp8Dot1x4, x, 0, n, w.FP8, rows, cols, lo, hi, out)
+	}
+}
+
+// widenedTiles is the tile path of decode for sets whose F32 tiles beat
+// decoding in registers: each quad of W rows is widened once into F32
+// scratch (FP8 at 1/256 of its value, as the kernels decode it) and
+// multiplied by every x row through the F32 tiles. Widening is exact, so
+// the products are the same bits as the set's BF16 and FP8 kernels give.
+func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
+	ks, w := c.ks, c.w
+	rows, cols := w.Rows, w.Cols
+	b := c.p.getScratch(4 * cols)
+	defer c.p.putScratch(b)
+	quad := *b
+	for i := lo; i < hi; i += 4 {
+		nr := min(4, hi-i)
+		for r := range nr {
+			row := (i + r) * cols
+			if w.DType == dtype.BF16 {
+				ks.bf16ToF32(quad[r*cols:(r+1)*cols], w.BF16[row:row+cols])
+			} else {
+				ks.fp8ToF32(quad[r*cols:(r+1)*cols], w.FP8[row:row+cols], 1)
+			}
+		}
+		tiles(ks.f32Dot4x4, ks.f32Dot1x4, x, 0, n, quad, rows, cols, 0, nr, out[i:])
 	}
 }
 
