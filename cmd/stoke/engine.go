@@ -19,6 +19,7 @@ import (
 
 type engineFlags struct {
 	model, listen, servedName, kvMemory, simProfile string
+	kernels                                         string
 	blank, sim, noPrefixCaching                     bool
 	maxBatchedTokens, maxNumSeqs, maxModelLen       int
 	threads                                         int
@@ -52,6 +53,7 @@ func newEngineCmd() *cobra.Command {
 	fl.IntVar(&f.maxModelLen, "max-model-len", 0, "context length (0 = the model's)")
 	fl.BoolVar(&f.noPrefixCaching, "no-enable-prefix-caching", false, "turn prefix caching off")
 	fl.IntVar(&f.threads, "threads", 0, "compute threads (0 = all cores)")
+	addKernelsFlag(fl, &f.kernels)
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for in-flight requests")
 	fl.IntVar(&f.loadParallel, "load-parallel", 8, "concurrent ranged reads when loading from a bucket or the node cache")
 	fl.StringVar(&f.loadChunk, "load-chunk-size", "4MiB", "size of one ranged read when loading")
@@ -79,7 +81,12 @@ func runEngine(ctx context.Context, f engineFlags) error {
 	if err != nil {
 		return err
 	}
-	opts := load.Options{Engine: f.engineOptions(), KVCacheBytes: kvBytes, Threads: f.threads, S3: f.s3.options(),
+	ks, err := selectKernels(f.kernels)
+	if err != nil {
+		return err
+	}
+	slog.Info("kernels", "set", ks.Name())
+	opts := load.Options{Engine: f.engineOptions(), KVCacheBytes: kvBytes, Threads: f.threads, Kernels: ks, S3: f.s3.options(),
 		Stream: loader.Options{Parallel: f.loadParallel, ChunkSize: int(chunk)}}
 	path := f.model
 	var ld server.Loader
@@ -108,7 +115,7 @@ func runEngine(ctx context.Context, f engineFlags) error {
 		}
 		ld = load.Checkpoint(opts)
 	}
-	srv, err := server.New(server.Options{Loader: ld, Registry: prometheus.NewRegistry(), DrainTimeout: f.drainTimeout})
+	srv, err := server.New(server.Options{Loader: ld, Registry: prometheus.NewRegistry(), DrainTimeout: f.drainTimeout, KernelSet: ks.Name()})
 	if err != nil {
 		return err
 	}
@@ -124,7 +131,7 @@ func runEngine(ctx context.Context, f engineFlags) error {
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	slog.Info("engine listening", "addr", f.listen, "model", path)
+	slog.Info("engine listening", "addr", f.listen, "model", path, "kernels", ks.Name())
 	select {
 	case err := <-errc:
 		return err

@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stokehq/stoke/engine/generate"
-	"github.com/stokehq/stoke/engine/kernels"
 	"github.com/stokehq/stoke/engine/sample"
 	"github.com/stokehq/stoke/engine/tokenizer"
 	"github.com/stokehq/stoke/weightstore/checkpoint"
@@ -20,6 +19,7 @@ import (
 
 type generateFlags struct {
 	model, prompt, promptIDs string
+	kernels                  string
 	maxTokens, topK, threads int
 	temperature, topP        float64
 	seed                     uint64
@@ -48,6 +48,7 @@ func newGenerateCmd() *cobra.Command {
 	fl.BoolVar(&f.ignoreEOS, "ignore-eos", false, "keep generating past end-of-sequence tokens")
 	fl.BoolVar(&f.json, "json", false, "print one JSON object instead of streaming text")
 	fl.IntVar(&f.threads, "threads", 0, "compute threads (0 = all cores)")
+	addKernelsFlag(fl, &f.kernels)
 	cmd.MarkFlagRequired("model")
 	return cmd
 }
@@ -58,11 +59,17 @@ type generateOutput struct {
 	IDs             []int32 `json:"ids"`
 	Text            string  `json:"text"`
 	TokensPerSecond float64 `json:"tokens_per_second"`
+	// Kernels is the kernel set that computed the output.
+	Kernels string `json:"kernels"`
 }
 
 func runGenerate(cmd *cobra.Command, f generateFlags) error {
 	if (f.prompt == "") == (f.promptIDs == "") {
 		return errors.New("give exactly one of --prompt and --prompt-ids")
+	}
+	ks, err := selectKernels(f.kernels)
+	if err != nil {
+		return err
 	}
 	tok, err := tokenizer.Load(f.model)
 	if err != nil && !errors.Is(err, tokenizer.ErrNoTokenizer) {
@@ -80,7 +87,7 @@ func runGenerate(cmd *cobra.Command, f generateFlags) error {
 		prompt = tok.Encode(f.prompt, true)
 	}
 
-	pool := kernels.NewPool(f.threads)
+	pool := ks.NewPool(f.threads)
 	defer pool.Close()
 	m, ckpt, err := checkpoint.LoadModel(f.model, pool)
 	if err != nil {
@@ -115,7 +122,7 @@ func runGenerate(cmd *cobra.Command, f generateFlags) error {
 	if err != nil {
 		return err
 	}
-	out := generateOutput{PromptIDs: prompt, IDs: res.IDs, TokensPerSecond: res.DecodeTokensPerSecond()}
+	out := generateOutput{PromptIDs: prompt, IDs: res.IDs, TokensPerSecond: res.DecodeTokensPerSecond(), Kernels: ks.Name()}
 	if tok != nil {
 		out.Text = tok.Decode(res.IDs, true)
 	}
@@ -130,7 +137,7 @@ func runGenerate(cmd *cobra.Command, f generateFlags) error {
 	}
 	slog.Info("generated", "prompt_tokens", len(prompt), "tokens", len(res.IDs), "finish", res.FinishReason,
 		"prefill", res.PrefillTime.Round(1e5), "decode_tokens_per_second", fmt.Sprintf("%.1f", out.TokensPerSecond),
-		"max_rss_mib", maxRSSMiB())
+		"kernels", ks.Name(), "max_rss_mib", maxRSSMiB())
 	return nil
 }
 

@@ -30,6 +30,13 @@ type fixture struct {
 // tokenizer until the test ends.
 func newFixture(t *testing.T, blocks int, cfg sched.Config) *fixture {
 	t.Helper()
+	return newFixtureOn(t, nil, blocks, cfg)
+}
+
+// newFixtureOn is newFixture with a model that computes with the kernel
+// set set (nil: the default).
+func newFixtureOn(t *testing.T, set *kernels.Set, blocks int, cfg sched.Config) *fixture {
+	t.Helper()
 	tj, tc, err := tokenizer.Synthesize(512, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +47,7 @@ func newFixture(t *testing.T, blocks int, cfg sched.Config) *fixture {
 	}
 	mc := model.Config{ModelType: "llama", HiddenSize: 64, IntermediateSize: 128, NumLayers: 2, NumHeads: 4, NumKVHeads: 2,
 		HeadDim: 16, VocabSize: 512, MaxPositionEmbeddings: 2048, RMSNormEps: 1e-5, RopeTheta: 10000, HiddenAct: "silu", TieWordEmbeddings: true}
-	pool := kernels.NewPool(2)
+	pool := set.NewPool(2)
 	t.Cleanup(pool.Close)
 	m, err := model.New(mc, model.RandomSource(mc, 3, 0.3), pool)
 	if err != nil {
@@ -94,8 +101,21 @@ func testPrompt(seed, n int) []int32 {
 	return p
 }
 
+// forEachSet runs test as a subtest, named by the set, on every kernel set
+// this CPU runs.
+func forEachSet(t *testing.T, test func(t *testing.T, set *kernels.Set)) {
+	t.Helper()
+	for _, set := range kernels.Supported() {
+		t.Run(set.Name(), func(t *testing.T) { test(t, set) })
+	}
+}
+
 func TestConcurrentRequestsMatchAlone(t *testing.T) {
-	f := newFixture(t, 512, sched.Config{MaxNumBatchedTokens: 128, MaxNumSeqs: 32})
+	forEachSet(t, checkConcurrentRequestsMatchAlone)
+}
+
+func checkConcurrentRequestsMatchAlone(t *testing.T, set *kernels.Set) {
+	f := newFixtureOn(t, set, 512, sched.Config{MaxNumBatchedTokens: 128, MaxNumSeqs: 32})
 	var wg sync.WaitGroup
 	got := make([][]int32, 32)
 	for i := range got {
@@ -262,8 +282,12 @@ func TestDrain(t *testing.T) {
 }
 
 func TestPreemptionUnderKVPressureKeepsOutputs(t *testing.T) {
-	roomy := newFixture(t, 512, sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 16})
-	tight := newFixture(t, 12, sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 16}) // 192 tokens for 10 requests of ~60
+	forEachSet(t, checkPreemptionKeepsOutputs)
+}
+
+func checkPreemptionKeepsOutputs(t *testing.T, set *kernels.Set) {
+	roomy := newFixtureOn(t, set, 512, sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 16})
+	tight := newFixtureOn(t, set, 12, sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 16}) // 192 tokens for 10 requests of ~60
 	run := func(f *fixture) [][]int32 {
 		var wg sync.WaitGroup
 		out := make([][]int32, 10)

@@ -108,6 +108,25 @@ func BenchmarkMemoryBandwidth(b *testing.B) {
 	}
 }
 
+// BenchmarkFMAPeak measures each assembly set's FMA throughput on the
+// calling thread (GFLOP/s, one FMA counting two): the ceiling for the
+// GFLOP/s that BenchmarkMatMul and BenchmarkKernelSets report.
+func BenchmarkFMAPeak(b *testing.B) {
+	for _, ks := range kernelSets() {
+		if ks.fmaPeak == nil {
+			continue
+		}
+		b.Run(ks.name, func(b *testing.B) {
+			const iters = 1 << 20
+			for b.Loop() {
+				ks.fmaPeak(iters)
+			}
+			ns := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+			b.ReportMetric(float64(iters)*float64(ks.flopsPerIter)/ns, "GFLOP/s")
+		})
+	}
+}
+
 // BenchmarkVector times the vector helpers on a 4096-element row.
 func BenchmarkVector(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 3))

@@ -33,6 +33,9 @@ var avx512Kernels = func() *Set {
 		expSum:      expSumAsm,
 		siluMul:     siluMulAsm,
 		addWeighted: addWeightedAsm,
+
+		fmaPeak:      fmaPeakAVX512,
+		flopsPerIter: 12 * 16 * 2,
 	}
 }()
 
@@ -314,6 +317,9 @@ func bf16ToF32AVX512(dst *float32, src *uint16, n int)
 
 //go:noescape
 func fp8ToF32AVX512(dst *float32, src *uint8, n int, mul float32)
+
+//go:noescape
+func fmaPeakAVX512(iters int)
 
 //go:noescape
 func axpyAVX512(y *float32, alpha float32, x *float32, n int)

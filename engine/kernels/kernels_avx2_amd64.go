@@ -30,6 +30,7 @@ var avx2Kernels = func() *Set {
 	ks.bf16Gemm = avx2BF16.gemm
 	ks.fp8Gemm = avx2FP8.gemm
 	ks.widenTiles = true
+	ks.fmaPeak, ks.flopsPerIter = fmaPeakAVX2, 12*8*2
 	ks.bf16ToF32 = bf16ToF32AVX2w
 	ks.fp8ToF32 = fp8ToF32AVX2w
 	ks.dot = dotAVX2w
@@ -239,6 +240,9 @@ func bf16ToF32AVX2(dst *float32, src *uint16, n int)
 
 //go:noescape
 func fp8ToF32AVX2(dst *float32, src *uint8, n int, mul float32)
+
+//go:noescape
+func fmaPeakAVX2(iters int)
 
 //go:noescape
 func dotAVX2(a *float32, b *float32, n int) float32

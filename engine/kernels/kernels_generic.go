@@ -53,6 +53,11 @@ type Set struct {
 	// BF16 and FP8 tiles (for sets where decoding in registers costs more
 	// than the FMAs it feeds).
 	widenTiles bool
+	// fmaPeak, where a set has it, runs iters iterations of flopsPerIter
+	// floating-point operations of independent FMAs and nothing else: the
+	// arithmetic peak its products are measured against.
+	fmaPeak      func(iters int)
+	flopsPerIter int
 	// bf16ToF32 widens src into dst; len(dst) == len(src).
 	bf16ToF32 func(dst []float32, src []uint16)
 	// fp8ToF32 stores E4M3(src[j])/256*mul into dst[j]; len(dst) == len(src).

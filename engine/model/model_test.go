@@ -24,9 +24,51 @@ func randomSource(t *testing.T, cfg Config, seed uint64) memorySource {
 	return RandomSource(cfg, seed, 0.2).(memorySource)
 }
 
+// wideConfig is testConfig with layers wider than 1,024 inputs: the
+// hidden size (the input of the Q/K/V, gate/up and LM-head products) and
+// the intermediate size (the input of down_proj). The invariance tests so
+// also cover wide F32 products, and prefills whose down_proj input (120 ×
+// 1,096 floats) is larger than the block of x a product keeps in L2.
+func wideConfig() Config {
+	c := testConfig()
+	c.HiddenSize, c.IntermediateSize = 1040, 1096
+	return c
+}
+
+// invarianceConfigs are the model shapes the invariance tests run on.
+var invarianceConfigs = []struct {
+	name string
+	cfg  func() Config
+}{{"narrow", testConfig}, {"wide", wideConfig}}
+
+// skipSlow skips the wide shape on the portable set under -short: pure Go
+// under the race detector takes half a minute on it, and the full run
+// covers it.
+func skipSlow(t *testing.T, shape string, set *kernels.Set) {
+	if testing.Short() && shape == "wide" && set.Name() == "generic" {
+		t.Skip("-short: the portable set runs the wide shape in the full run only")
+	}
+}
+
+// forEachSet runs test as a subtest, named by the set, on every kernel set
+// this CPU runs.
+func forEachSet(t *testing.T, test func(t *testing.T, set *kernels.Set)) {
+	t.Helper()
+	for _, set := range kernels.Supported() {
+		t.Run(set.Name(), func(t *testing.T) { test(t, set) })
+	}
+}
+
 func newTestModel(t *testing.T, cfg Config, src TensorSource) *Model {
 	t.Helper()
-	pool := kernels.NewPool(2)
+	return newSetModel(t, nil, 2, cfg, src)
+}
+
+// newSetModel builds a model that computes with set (nil: the default) on
+// threads threads.
+func newSetModel(t *testing.T, set *kernels.Set, threads int, cfg Config, src TensorSource) *Model {
+	t.Helper()
+	pool := set.NewPool(threads)
 	t.Cleanup(pool.Close)
 	m, err := New(cfg, src, pool)
 	if err != nil {
@@ -45,9 +87,26 @@ func runAlone(t *testing.T, m *Model, tokens []int32) []float32 {
 	return logits
 }
 
+// TestBatchMatchesSequencesAlone checks, on every kernel set, that a
+// sequence's logits are the same bits whether it is scored alone or
+// batched with others, its prompt split across two calls: greedy output
+// must not depend on what else the engine runs.
 func TestBatchMatchesSequencesAlone(t *testing.T) {
-	cfg := testConfig()
-	m := newTestModel(t, cfg, randomSource(t, cfg, 7))
+	for _, c := range invarianceConfigs {
+		t.Run(c.name, func(t *testing.T) {
+			forEachSet(t, func(t *testing.T, set *kernels.Set) {
+				skipSlow(t, c.name, set)
+				checkBatchMatchesAlone(t, set, c.cfg())
+			})
+		})
+	}
+}
+
+func checkBatchMatchesAlone(t *testing.T, set *kernels.Set, cfg Config) {
+	m := newSetModel(t, set, 2, cfg, randomSource(t, cfg, 7))
+	// The sequences alone, on one thread: the split across threads must not
+	// matter either.
+	alone := newSetModel(t, set, 1, cfg, randomSource(t, cfg, 7))
 	rng := rand.New(rand.NewPCG(3, 3))
 	lengths := []int{1, 3, 16, 17, 5, 33, 2, 9}
 	seqs := make([][]int32, len(lengths))
@@ -98,13 +157,14 @@ func TestBatchMatchesSequencesAlone(t *testing.T) {
 		}
 	}
 	for i, s := range seqs {
-		want := runAlone(t, m, s)
+		want := runAlone(t, alone, s)
 		if len(got[i]) != len(want) {
 			t.Fatalf("sequence %d: %d logits, want %d", i, len(got[i]), len(want))
 		}
 		for j := range want {
-			if d := math.Abs(float64(got[i][j] - want[j])); d > 1e-5 {
-				t.Fatalf("sequence %d (len %d) logit %d: batched %v, alone %v", i, len(s), j, got[i][j], want[j])
+			if got[i][j] != want[j] {
+				t.Fatalf("sequence %d (len %d) position %d logit %d: batched %v, alone %v",
+					i, len(s), j/cfg.VocabSize, j%cfg.VocabSize, got[i][j], want[j])
 			}
 		}
 	}
@@ -340,8 +400,18 @@ func TestFP8WeightScaleCheckpoints(t *testing.T) {
 // call over the whole sequence gives: greedy decoding under continuous
 // batching must not depend on how the scheduler split a prompt.
 func TestChunkedPrefillIsBitwiseStable(t *testing.T) {
-	cfg := testConfig()
-	m := newTestModel(t, cfg, randomSource(t, cfg, 11))
+	for _, c := range invarianceConfigs {
+		t.Run(c.name, func(t *testing.T) {
+			forEachSet(t, func(t *testing.T, set *kernels.Set) {
+				skipSlow(t, c.name, set)
+				checkChunkedPrefill(t, set, c.cfg())
+			})
+		})
+	}
+}
+
+func checkChunkedPrefill(t *testing.T, set *kernels.Set, cfg Config) {
+	m := newSetModel(t, set, 2, cfg, randomSource(t, cfg, 11))
 	rng := rand.New(rand.NewPCG(5, 5))
 	tokens := make([]int32, 120)
 	for i := range tokens {

@@ -111,6 +111,10 @@ type Options struct {
 	// DrainTimeout bounds how long sleep and unload wait for requests in
 	// flight before aborting them; 0 waits as long as the caller's context.
 	DrainTimeout time.Duration
+	// KernelSet names the CPU kernel set the engine computes with
+	// ("avx512", "avx2", "generic"); when set, Registry gets
+	// stoke_engine_kernels{set="…"} 1 for as long as the server lives.
+	KernelSet string
 }
 
 // State is where the server's model is in its life.
@@ -169,6 +173,14 @@ func New(opts Options) (*Server, error) {
 		op: make(chan struct{}, 1), state: StateBlank}
 	if s.reg == nil {
 		s.reg = prometheus.NewRegistry()
+	}
+	if opts.KernelSet != "" {
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "stoke_engine_kernels",
+			Help: "The CPU kernel set the engine computes with (1 on the set's series).", ConstLabels: prometheus.Labels{"set": opts.KernelSet}})
+		g.Set(1)
+		if err := s.reg.Register(g); err != nil {
+			return nil, fmt.Errorf("new engine server: register stoke_engine_kernels: %w", err)
+		}
 	}
 	s.handler = s.routes()
 	return s, nil

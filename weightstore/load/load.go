@@ -31,6 +31,9 @@ type Options struct {
 	KVCacheBytes int64
 	// Threads computing the model; 0 means every core.
 	Threads int
+	// Kernels is the kernel set the model computes with; nil means
+	// kernels.Default (STOKE_KERNELS, else the fastest this CPU runs).
+	Kernels *kernels.Set
 	// Device receives streamed weights; nil means the CPU.
 	Device device.Device
 	// Cache is the node cache bucket revisions go through; nil streams
@@ -153,7 +156,16 @@ func (o Options) fromBucket(ctx context.Context, req server.LoadRequest, progres
 // engines, with the tokenizer parseTokenizer returns; release frees the
 // weights once the model is done.
 func (o Options) serve(name string, ck *checkpoint.Checkpoint, parsed func() (*tokenizer.Tokenizer, error), release func() error) (*server.Loaded, error) {
-	pool := kernels.NewPool(o.Threads)
+	ks := o.Kernels
+	if ks == nil {
+		var err error
+		if ks, err = kernels.Default(); err != nil {
+			parsed()
+			release()
+			return nil, err
+		}
+	}
+	pool := ks.NewPool(o.Threads)
 	closeAll := func() error {
 		pool.Close()
 		return release()

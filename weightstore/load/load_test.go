@@ -4,13 +4,11 @@ import (
 	"context"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stokehq/stoke/engine/core"
-	"github.com/stokehq/stoke/engine/generate"
 	"github.com/stokehq/stoke/engine/kernels"
 	"github.com/stokehq/stoke/engine/sample"
 	"github.com/stokehq/stoke/engine/sched"
@@ -18,78 +16,9 @@ import (
 	"github.com/stokehq/stoke/internal/testmodel"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/bucket/bucketest"
-	"github.com/stokehq/stoke/weightstore/checkpoint"
 	"github.com/stokehq/stoke/weightstore/nodecache"
 	"github.com/stokehq/stoke/weightstore/push"
 )
-
-// TestStoriesConcurrentMatchesAlone serves the real stories260K model the
-// way `stoke engine --model` does and checks that 32 concurrent greedy
-// requests produce exactly what each produces alone.
-func TestStoriesConcurrentMatchesAlone(t *testing.T) {
-	stories := testmodel.Dir(t)
-	opts := Options{Engine: server.EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 32}, PrefixCaching: true},
-		KVCacheBytes: 64 << 20, Threads: 2}
-	loaded, err := Checkpoint(opts)(context.Background(), server.LoadRequest{Path: stories}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer loaded.Close()
-	e, err := loaded.Start(core.NewMetrics(prometheus.NewRegistry(), loaded.Name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go e.Run(ctx)
-
-	prompt := func(i int) []int32 {
-		p := []int32{1}
-		for j := range 3 + i%13 {
-			p = append(p, int32(100+(i*29+j*7)%400))
-		}
-		return p
-	}
-	greedy := sample.Params{TopP: 1, Logprobs: -1}
-	got := make([][]int32, 32)
-	var wg sync.WaitGroup
-	for i := range got {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s, err := e.Submit(core.Params{Prompt: prompt(i), MaxTokens: 24, Sampling: greedy, IgnoreEOS: true})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			for {
-				d, ok := s.Next(ctx)
-				if !ok {
-					return
-				}
-				got[i] = append(got[i], d.IDs...)
-			}
-		}()
-	}
-	wg.Wait()
-
-	pool := kernels.NewPool(1)
-	defer pool.Close()
-	m, ck, err := checkpoint.LoadModel(stories, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	for i := range got {
-		alone, err := generate.Run(ctx, m, prompt(i), generate.Options{MaxTokens: 24, Sampling: greedy, IgnoreEOS: true}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(got[i], alone.IDs) {
-			t.Fatalf("request %d: concurrent %v, alone %v", i, got[i], alone.IDs)
-		}
-	}
-}
 
 func TestCheckpointLoaderErrors(t *testing.T) {
 	stories := testmodel.Dir(t)
@@ -122,7 +51,8 @@ func TestCheckpointLoaderErrors(t *testing.T) {
 // TestBucketSourceServesGolden pushes stories260K to a bucket, serves it
 // from there the way POST /admin/load {"source","model"} does (first from
 // the bucket, then from the node cache) and checks both serve the golden
-// greedy completions of the reference implementation.
+// greedy completions of the reference implementation, on every kernel set
+// this CPU runs.
 func TestBucketSourceServesGolden(t *testing.T) {
 	cases, stories := testmodel.Golden(t), testmodel.Dir(t)
 	ctx := context.Background()
@@ -135,19 +65,26 @@ func TestBucketSourceServesGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	forEachSet(t, func(t *testing.T, set *kernels.Set) {
+		checkBucketServesGolden(t, set, root, m.Revision, m.TotalBytes, cases)
+	})
+}
+
+func checkBucketServesGolden(t *testing.T, set *kernels.Set, root, revision string, totalBytes int64, cases []testmodel.Case) {
+	ctx := context.Background()
 	cache, err := nodecache.NewDir(t.TempDir(), nodecache.DirOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := Options{Engine: server.EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 8}}, KVCacheBytes: 16 << 20, Threads: 2, Cache: cache}
+	opts := Options{Engine: server.EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 8}}, KVCacheBytes: 16 << 20, Threads: 2, Cache: cache, Kernels: set}
 	for _, wantTier := range []string{"t3", "t2"} {
 		var last server.LoadProgress
-		loaded, err := Checkpoint(opts)(ctx, server.LoadRequest{Source: root, Model: "stories", Revision: m.Revision}, func(p server.LoadProgress) { last = p })
+		loaded, err := Checkpoint(opts)(ctx, server.LoadRequest{Source: root, Model: "stories", Revision: revision}, func(p server.LoadProgress) { last = p })
 		if err != nil {
 			t.Fatal(err)
 		}
-		if last.Tier != wantTier || last.Revision != m.Revision || last.Bytes != m.TotalBytes || loaded.Name != "stories" {
-			t.Fatalf("last progress %+v, model %q: want tier %s, revision %s, %d bytes, name stories", last, loaded.Name, wantTier, m.Revision, m.TotalBytes)
+		if last.Tier != wantTier || last.Revision != revision || last.Bytes != totalBytes || loaded.Name != "stories" {
+			t.Fatalf("last progress %+v, model %q: want tier %s, revision %s, %d bytes, name stories", last, loaded.Name, wantTier, revision, totalBytes)
 		}
 		e, err := loaded.Start(core.NewMetrics(prometheus.NewRegistry(), loaded.Name))
 		if err != nil {

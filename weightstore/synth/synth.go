@@ -41,23 +41,53 @@ func PresetConfig(name string) (model.Config, error) {
 	if !ok {
 		return model.Config{}, fmt.Errorf("unknown preset %q (have %s)", name, strings.Join(Presets(), ", "))
 	}
+	return complete(c), nil
+}
+
+// complete fills in the config.json fields every synthetic model shares.
+func complete(c model.Config) model.Config {
 	c.Architectures = []string{"LlamaForCausalLM"}
 	c.ModelType = "llama"
-	c.RMSNormEps = 1e-5
+	if c.RMSNormEps == 0 {
+		c.RMSNormEps = 1e-5
+	}
 	c.HiddenAct = "silu"
 	c.TorchDType = "float32"
-	return c, nil
+	return c
 }
 
 // Options describe a synthetic checkpoint.
 type Options struct {
 	Preset string
+	// Config, when not nil, gives the model's shape instead of Preset:
+	// sizes, heads, vocabulary, context and RoPE settings. The fields
+	// every synthetic model shares (architecture, model type, activation,
+	// dtype, token ids; the norm epsilon when zero) are filled in as for a
+	// preset.
+	Config *model.Config
 	// DType of the weights: F32, BF16, or F8E4M3 (projections in FP8 with
 	// 128×128 block scales, embeddings and norms in BF16, the layout of
 	// published FP8 checkpoints).
 	DType     dtype.DType
 	ShardSize int64
 	Seed      uint64
+}
+
+// config is the complete config.json content of the model opts describe.
+func (opts Options) config() (model.Config, error) {
+	if opts.Config == nil {
+		return PresetConfig(opts.Preset)
+	}
+	c := complete(*opts.Config)
+	c.BOSTokenID, c.EOSTokenID, c.Quantization = nil, nil, nil
+	raw, err := json.Marshal(c)
+	if err != nil {
+		return model.Config{}, err
+	}
+	if _, err := model.ParseConfig(raw); err != nil {
+		return model.Config{}, fmt.Errorf("synthesize: %w", err)
+	}
+	return c, nil
 }
 
 // initStd is the standard deviation of the random weights, as Hugging
@@ -67,7 +97,7 @@ const initStd = 0.02
 // Write creates a complete checkpoint directory at dir, deterministic for
 // opts.Seed.
 func Write(ctx context.Context, dir string, opts Options) error {
-	cfg, err := PresetConfig(opts.Preset)
+	cfg, err := opts.config()
 	if err != nil {
 		return err
 	}
