@@ -1,19 +1,32 @@
 #!/bin/sh
 # Installs containerd and runc from the distribution's packages (Debian's
 # containerd 1.6) for the node-cache tests, which start their own private
-# containerd. Quiet when containerd is already on PATH. Without apt-get,
-# root or password-less sudo it prints one line and succeeds, and when apt-get
-# fails it prints apt-get's output and succeeds: the containerd tests skip
-# without containerd, so its absence must not fail `make deps`.
+# containerd. Quiet when containerd and runc are already on PATH. Without apt-get,
+# root or password-less sudo it prints one line, and when apt-get fails it
+# prints apt-get's output; either way it then succeeds, since the
+# containerd tests skip without containerd and its absence must not fail
+# `make deps` on a developer's machine. With STOKE_REQUIRE_CONTAINERD=1
+# (which .ci/run sets, and which makes those tests fail instead of skip) it
+# exits 1 instead, so CI stops at the cause.
 # It never starts or configures a system containerd service.
 set -eu
 
-if command -v containerd >/dev/null 2>&1; then
+# cannot reports that containerd cannot be installed here: exit 1 when the
+# tests require it, else 0 after the message.
+cannot() {
+	if [ "${STOKE_REQUIRE_CONTAINERD:-}" = 1 ]; then
+		echo "install-containerd.sh: $1; STOKE_REQUIRE_CONTAINERD=1 requires containerd" >&2
+		exit 1
+	fi
+	echo "install-containerd.sh: $1 (the containerd tests skip without them)" >&2
+	exit 0
+}
+
+if command -v containerd >/dev/null 2>&1 && command -v runc >/dev/null 2>&1; then
 	exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-	echo "install-containerd.sh: no apt-get here; install containerd and runc by hand (the containerd tests skip without them)"
-	exit 0
+	cannot "no apt-get here; install containerd and runc by hand"
 fi
 
 sudo=
@@ -21,8 +34,7 @@ if [ "$(id -u)" -ne 0 ]; then
 	if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
 		sudo="sudo -n"
 	else
-		echo "install-containerd.sh: not root and no password-less sudo; install containerd and runc by hand (the containerd tests skip without them)"
-		exit 0
+		cannot "not root and no password-less sudo; install containerd and runc by hand"
 	fi
 fi
 
@@ -35,5 +47,8 @@ if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-insta
 	{ $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
 		$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends containerd runc; }; } >"$log" 2>&1; then
 	cat "$log" >&2
-	echo "install-containerd.sh: apt-get install containerd runc failed; the containerd tests will skip" >&2
+	cannot "apt-get install containerd runc failed"
+fi
+if ! command -v containerd >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1; then
+	cannot "apt-get installed containerd and runc, but they are not on PATH"
 fi

@@ -80,8 +80,49 @@ func TestSynthQuantizeGenerate(t *testing.T) {
 	}
 }
 
+// TestGenerateTellsTheStory runs `stoke generate` on the trained
+// stories260K through its tokenizer: greedy from BOS it prints the model's
+// well-known story, and a text prompt is tokenized as the reference
+// tokenized the golden "once" case and continues it with the golden ids.
+func TestGenerateTellsTheStory(t *testing.T) {
+	stories := testmodel.Dir(t)
+	t.Run("from BOS", func(t *testing.T) {
+		bos := testmodel.GoldenCase(t, "bos")
+		out, err := stoke(t, "generate", "--model", stories, "--prompt-ids", "1",
+			"--max-tokens", strconv.Itoa(len(bos.Completion)), "--temperature", "0")
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if !strings.HasPrefix(out, testmodel.StoryStart) {
+			t.Fatalf("printed %q, want it to start %q", out, testmodel.StoryStart)
+		}
+	})
+	t.Run("text prompt", func(t *testing.T) {
+		once := testmodel.GoldenCase(t, "once")
+		out, err := stoke(t, "generate", "--model", stories, "--prompt", "Once upon a time",
+			"--max-tokens", strconv.Itoa(len(once.Completion)), "--temperature", "0", "--ignore-eos", "--json")
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		var res generateOutput
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatalf("output is not one JSON object: %v\n%s", err, out)
+		}
+		if !slices.Equal(res.PromptIDs, once.PromptIDs) || !slices.Equal(res.IDs, once.Completion) {
+			t.Fatalf("prompt_ids %v, ids %v; want %v, %v", res.PromptIDs, res.IDs, once.PromptIDs, once.Completion)
+		}
+		if want := strings.TrimPrefix(testmodel.StoryStart, "Once upon a time"); !strings.HasPrefix(res.Text, want) {
+			t.Fatalf("text %q, want it to start %q", res.Text, want)
+		}
+	})
+}
+
 func TestCLIErrors(t *testing.T) {
-	dir, stories := t.TempDir(), testmodel.Path()
+	// Arguments name the model as stories (the shared checkpoint) or bare
+	// (a copy of it without its tokenizer); both are made only for the
+	// cases that use them.
+	const stories, bare = "<stories>", "<bare>"
+	dir := t.TempDir()
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -89,7 +130,7 @@ func TestCLIErrors(t *testing.T) {
 	}{
 		{"no prompt", []string{"generate", "--model", stories}, "exactly one of --prompt and --prompt-ids"},
 		{"bad ids", []string{"generate", "--model", stories, "--prompt-ids", "1,x"}, `"x" is not a token id`},
-		{"text without tokenizer", []string{"generate", "--model", stories, "--prompt", "hi"}, "has no tokenizer.json"},
+		{"text without tokenizer", []string{"generate", "--model", bare, "--prompt", "hi"}, "has no tokenizer.json"},
 		{"id outside vocab", []string{"generate", "--model", stories, "--prompt-ids", "1,600"}, "token 600 is outside the vocabulary"},
 		{"missing model", []string{"generate", "--model", filepath.Join(dir, "nope"), "--prompt-ids", "1"}, "nope"},
 		{"too long", []string{"generate", "--model", stories, "--prompt-ids", "1", "--max-tokens", "600"}, "exceeds the context of 512"},
@@ -98,12 +139,16 @@ func TestCLIErrors(t *testing.T) {
 		{"bad shard size", []string{"model", "quantize", "--in", stories, "--out", filepath.Join(dir, "q"), "--shard-size", "lots"}, "--shard-size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if strings.Contains(strings.Join(tc.args, " "), stories) {
-				if _, err := os.Stat(stories); err != nil {
-					t.Skip("test model absent")
+			args := slices.Clone(tc.args)
+			for i, a := range args {
+				switch a {
+				case stories:
+					args[i] = testmodel.Dir(t)
+				case bare:
+					args[i] = testmodel.WithoutTokenizer(t)
 				}
 			}
-			_, err := stoke(t, tc.args...)
+			_, err := stoke(t, args...)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("error %q, want one line containing %q", err, tc.want)
 			}

@@ -10,13 +10,23 @@ import (
 	"github.com/stokehq/stoke/engine/kernels"
 	"github.com/stokehq/stoke/engine/model"
 	"github.com/stokehq/stoke/engine/sample"
+	"github.com/stokehq/stoke/engine/tokenizer"
+	"github.com/stokehq/stoke/internal/testmodel"
+	"github.com/stokehq/stoke/weightstore/checkpoint"
 )
 
 func testModel(t *testing.T) *model.Model {
 	t.Helper()
+	return testModelOn(t, nil)
+}
+
+// testModelOn is testModel computing with the kernel set set (nil: the
+// default).
+func testModelOn(t *testing.T, set *kernels.Set) *model.Model {
+	t.Helper()
 	cfg := model.Config{ModelType: "llama", HiddenSize: 32, IntermediateSize: 64, NumLayers: 2, NumHeads: 4, NumKVHeads: 2,
 		HeadDim: 8, VocabSize: 50, MaxPositionEmbeddings: 64, RMSNormEps: 1e-5, RopeTheta: 10000, HiddenAct: "silu", TieWordEmbeddings: true}
-	pool := kernels.NewPool(1)
+	pool := set.NewPool(1)
 	t.Cleanup(pool.Close)
 	m, err := model.New(cfg, model.RandomSource(cfg, 1, 0.5), pool)
 	if err != nil {
@@ -25,8 +35,16 @@ func testModel(t *testing.T) *model.Model {
 	return m
 }
 
+// TestChunkedPrefillMatchesWhole checks, on every kernel set this CPU
+// runs, that prefilling a prompt in chunks gives the greedy ids a single
+// prefill gives.
 func TestChunkedPrefillMatchesWhole(t *testing.T) {
-	m := testModel(t)
+	for _, set := range kernels.Supported() {
+		t.Run(set.Name(), func(t *testing.T) { checkChunkedPrefillMatchesWhole(t, testModelOn(t, set)) })
+	}
+}
+
+func checkChunkedPrefillMatchesWhole(t *testing.T, m *model.Model) {
 	prompt := []int32{1, 5, 9, 2, 33, 17, 8, 41, 12, 6, 3, 29, 44, 10, 7, 38, 21, 19}
 	opts := Options{MaxTokens: 10, Sampling: sample.Params{TopP: 1}, IgnoreEOS: true}
 	whole, err := Run(context.Background(), m, prompt, opts, nil)
@@ -104,5 +122,55 @@ func TestCancelled(t *testing.T) {
 	})
 	if !errors.Is(err, context.Canceled) || n != 3 {
 		t.Fatalf("err %v after %d tokens", err, n)
+	}
+}
+
+// TestStoriesTellTheirStory decodes the trained stories260K greedily,
+// through its own tokenizer, from BOS alone and from the text of the
+// story's first words: both must tell the model's well-known story, as
+// llama2.c's run.c does, and give the reference's golden ids, on every
+// kernel set this CPU runs.
+func TestStoriesTellTheirStory(t *testing.T) {
+	dir := testmodel.Dir(t)
+	bos := testmodel.GoldenCase(t, "bos")
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, set := range kernels.Supported() {
+		t.Run(set.Name(), func(t *testing.T) { checkStoriesTellTheirStory(t, set, dir, tok, bos) })
+	}
+}
+
+func checkStoriesTellTheirStory(t *testing.T, set *kernels.Set, dir string, tok *tokenizer.Tokenizer, bos testmodel.Case) {
+	pool := set.NewPool(1)
+	t.Cleanup(pool.Close)
+	m, ck, err := checkpoint.LoadModel(dir, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	for _, tc := range []struct {
+		name   string
+		prompt []int32
+	}{
+		{"from BOS", []int32{1}},
+		{"from text", tok.Encode("Once upon a time", true)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := len(bos.Completion) + 1 - len(tc.prompt)
+			res, err := Run(context.Background(), m, tc.prompt, Options{MaxTokens: n, Sampling: sample.Params{TopP: 1}, StopIDs: tok.EOS()}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := append(slices.Clone(tc.prompt[1:]), res.IDs...)
+			if !slices.Equal(ids, bos.Completion) {
+				t.Errorf("prompt %v and completion %v, want the golden story %v", tc.prompt, res.IDs, bos.Completion)
+			}
+			text := tok.Decode(ids, true)
+			if !strings.HasPrefix(text, testmodel.StoryStart) {
+				t.Fatalf("the story reads %q, want it to start %q", text, testmodel.StoryStart)
+			}
+		})
 	}
 }

@@ -17,18 +17,40 @@ func text(seed uint64, n int) string {
 
 func TestWordDeterministic(t *testing.T) {
 	for _, seed := range []uint64{0, 1, 42, 1 << 63, ^uint64(0)} {
-		first := text(seed, 300)
-		for range 3 {
-			if again := text(seed, 300); again != first {
-				t.Fatalf("seed %d: text changed between calls:\n%s\n%s", seed, first, again)
+		forward := make([]string, 300)
+		for i := range forward {
+			forward[i] = Word(seed, i)
+		}
+		if got := text(seed, 300); got != strings.Join(forward, "") {
+			t.Fatalf("seed %d: text changed between calls:\n%s\n%s", seed, strings.Join(forward, ""), got)
+		}
+		// Backwards, with other seeds' words in between, every position
+		// gives what the forward pass gave: nothing depends on history.
+		for i := 299; i >= 0; i -= 7 {
+			Word(seed+1, 299-i)
+			Word(^seed, 3*i+1)
+			if got := Word(seed, i); got != forward[i] {
+				t.Errorf("seed %d position %d: %q out of order, %q in order", seed, i, got, forward[i])
 			}
 		}
-		// Out-of-order calls give the same words: nothing depends on history.
-		for i := 299; i >= 0; i -= 7 {
-			want := Word(seed, i)
-			if got := Word(seed, i); got != want {
-				t.Errorf("seed %d position %d: %q then %q", seed, i, want, got)
-			}
+	}
+	// Pinned words, including a position far past any context: a change to
+	// the hash, the templates or the word lists shows here.
+	for _, tc := range []struct {
+		seed     uint64
+		position int
+		want     string
+	}{
+		{0, 0, "Others"},
+		{0, 7, " door."},
+		{1, 8, " Perhaps"},
+		{42, 1000, " but"},
+		{1 << 63, 4095, " ask."},
+		{^uint64(0), 123457, " play"},
+		{3, 1 << 40, " You"},
+	} {
+		if got := Word(tc.seed, tc.position); got != tc.want {
+			t.Errorf("Word(%d, %d) = %q, want %q", tc.seed, tc.position, got, tc.want)
 		}
 	}
 }

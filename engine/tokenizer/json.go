@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"bytes"
+	stdjson "encoding/json"
 	"errors"
 	"fmt"
 	"runtime"
@@ -117,6 +118,15 @@ func build(tj, cfgJSON []byte, extraTemplate string) (*Tokenizer, error) {
 	if !utf8.Valid(cfgJSON) {
 		return nil, errors.New("tokenizer_config.json: parse: not valid UTF-8")
 	}
+	// The fast decoder skips keys it does not need without checking their
+	// escapes, so a corrupted key ("byte_f\llback") would silently drop a
+	// setting. The strict check runs beside the parse and joins it at the
+	// end, so it costs no wall time where a second core is free.
+	valid := make(chan bool, 1)
+	go func() { valid <- stdjson.Valid(tj) }()
+	if len(bytes.TrimSpace(cfgJSON)) > 0 && !stdjson.Valid(cfgJSON) {
+		return nil, fmt.Errorf("tokenizer_config.json: parse: %w", strictErr(cfgJSON))
+	}
 	var f jsonFile
 	if err := json.Unmarshal(tj, &f); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: parse: %w", err)
@@ -209,7 +219,19 @@ func build(tj, cfgJSON []byte, extraTemplate string) (*Tokenizer, error) {
 	if err := t.applyConfig(&cfg, extraTemplate); err != nil {
 		return nil, err
 	}
+	if !<-valid {
+		return nil, fmt.Errorf("tokenizer.json: parse: %w", strictErr(tj))
+	}
 	return t, nil
+}
+
+// strictErr is the standard decoder's error for data that is not JSON.
+func strictErr(data []byte) error {
+	var v any
+	if err := stdjson.Unmarshal(data, &v); err != nil {
+		return err
+	}
+	return errors.New("not valid JSON")
 }
 
 func parseComponent(raw json.RawMessage, field string) (*jsonComponent, error) {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -535,6 +536,8 @@ func TestBadInput(t *testing.T) {
 		{"not an object", []byte(`[1,2]`), nil, "tokenizer.json: parse"},
 		{"invalid UTF-8", []byte("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"\xff\": 0}, \"merges\": []}}"), nil, "not valid UTF-8"},
 		{"config invalid UTF-8", with(func(map[string]any) {}), []byte("{\"bos_token\": \"\xc3\"}"), "tokenizer_config.json: parse: not valid UTF-8"},
+		{"bad escape in a key", []byte(`{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [], "byte_f\llback": true}}`), nil, "tokenizer.json: parse"},
+		{"config bad escape in a key", with(func(map[string]any) {}), []byte(`{"bos_t\oken": "<s>"}`), "tokenizer_config.json: parse"},
 		{"no model", []byte(`{}`), nil, "model: missing"},
 		{"unknown model type", with(func(m map[string]any) { model(m)["type"] = "WordPiece" }), nil, "model.type"},
 		{"vocab not a map", with(func(m map[string]any) { model(m)["vocab"] = []int{1} }), nil, "model.vocab"},
@@ -599,26 +602,99 @@ func TestBadInput(t *testing.T) {
 	})
 }
 
-// TestCorruptedJSONNeverPanics flips bytes of valid tokenizer files; New must
-// return an error or a working tokenizer, never panic.
-func TestCorruptedJSONNeverPanics(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	srcs := [][]byte{spJSON(t, spOptions{}), blJSON(t, true, true)}
-	ok := 0
-	for i := range 300 {
-		src := slices.Clone(srcs[i%len(srcs)])
-		for range 1 + rng.IntN(4) {
-			src[rng.IntN(len(src))] = "{}[]\",:0a \\"[rng.IntN(11)]
+// TestCorruptedJSON flips bytes of valid tokenizer files. New must reject
+// every file that is no longer JSON, never panic, and every file it still
+// accepts must give a tokenizer that behaves consistently: the same
+// encodings on every load, ids inside its vocabulary, and, when the
+// corruption did not change what the JSON says (a space swapped for a
+// space), exactly the original's encodings.
+func TestCorruptedJSON(t *testing.T) {
+	texts := []string{"hello world <s> the", " the thing in", "héllo\nwörld ✓"}
+	encodeAll := func(tk *Tokenizer) [][]int32 {
+		var out [][]int32
+		for _, s := range texts {
+			out = append(out, tk.Encode(s, true), tk.Encode(s, false))
 		}
-		tk, err := New(src, nil)
-		if err != nil {
-			continue
-		}
-		ok++
-		ids := tk.Encode("hello world <s> the", true)
-		_ = tk.Decode(ids, false)
+		return out
 	}
-	t.Logf("%d of 300 corrupted files still loaded", ok)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, src := range []struct {
+		name string
+		json []byte
+	}{
+		{"sentencepiece", spJSON(t, spOptions{})},
+		{"byte-level", blJSON(t, true, true)},
+	} {
+		t.Run(src.name, func(t *testing.T) {
+			orig, err := New(src.json, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := encodeAll(orig)
+			var origValue any
+			if err := json.Unmarshal(src.json, &origValue); err != nil {
+				t.Fatal(err)
+			}
+			var invalid, rejected, loaded, same int
+			for i := range 200 {
+				b := slices.Clone(src.json)
+				for range 1 + rng.IntN(4) {
+					b[rng.IntN(len(b))] = "{}[]\",:0a \\"[rng.IntN(11)]
+				}
+				valid := json.Valid(b)
+				if !valid {
+					invalid++
+				}
+				tk, err := New(b, nil)
+				if err != nil {
+					rejected++
+					if tk != nil {
+						t.Fatalf("corruption %d: New returned a tokenizer with error %v", i, err)
+					}
+					if err.Error() == "" {
+						t.Fatalf("corruption %d: empty error", i)
+					}
+					continue
+				}
+				loaded++
+				if !valid {
+					t.Fatalf("corruption %d: New accepted a file that is not JSON:\n%s", i, b)
+				}
+				got := encodeAll(tk)
+				again, err := New(b, nil)
+				if err != nil {
+					t.Fatalf("corruption %d: loads once, then fails: %v", i, err)
+				}
+				if !slices.EqualFunc(got, encodeAll(again), slices.Equal) {
+					t.Fatalf("corruption %d: two loads of one file encode differently", i)
+				}
+				for _, ids := range got {
+					for _, id := range ids {
+						if id < 0 || int(id) >= tk.VocabSize() {
+							t.Fatalf("corruption %d: id %d outside the vocabulary of %d", i, id, tk.VocabSize())
+						}
+					}
+					if text := tk.Decode(ids, false); !utf8.ValidString(text) {
+						t.Fatalf("corruption %d: Decode(%v) = %q is not valid UTF-8", i, ids, text)
+					}
+				}
+				var v any
+				if err := json.Unmarshal(b, &v); err != nil {
+					t.Fatal(err)
+				}
+				if reflect.DeepEqual(v, origValue) {
+					same++
+					if !slices.EqualFunc(got, want, slices.Equal) {
+						t.Fatalf("corruption %d says what the original says but encodes %v, not %v", i, got, want)
+					}
+				}
+			}
+			t.Logf("200 corruptions: %d not JSON, %d rejected, %d loaded (%d meaning the same as the original)", invalid, rejected, loaded, same)
+			if invalid == 0 {
+				t.Fatal("no corruption broke the JSON: the test no longer exercises rejection")
+			}
+		})
+	}
 }
 
 func TestLoad(t *testing.T) {
@@ -628,10 +704,32 @@ func TestLoad(t *testing.T) {
 			t.Fatalf("err = %v, want ErrNoTokenizer", err)
 		}
 	})
-	t.Run("stories260K has no tokenizer", func(t *testing.T) {
-		dir := testmodel.Dir(t)
+	t.Run("stories260K without its tokenizer", func(t *testing.T) {
+		dir := testmodel.WithoutTokenizer(t)
 		if _, err := Load(dir); !errors.Is(err, ErrNoTokenizer) {
 			t.Fatalf("Load(%s) err = %v, want ErrNoTokenizer", dir, err)
+		}
+	})
+	t.Run("stories260K tokenizer", func(t *testing.T) {
+		// The golden ids came from llama2.c's tokenizer, independently of
+		// this one: "once" is BOS and "Once upon a time", and the greedy
+		// story from BOS is the model's well-known text.
+		dir := testmodel.Dir(t)
+		tk, err := Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bos, hasBOS := tk.BOS()
+		if tk.VocabSize() != 512 || bos != 1 || !hasBOS || !slices.Contains(tk.EOS(), 2) || !tk.HasChatTemplate() {
+			t.Fatalf("vocab %d, BOS %d (%v), EOS %v, chat template %v", tk.VocabSize(), bos, hasBOS, tk.EOS(), tk.HasChatTemplate())
+		}
+		once := testmodel.GoldenCase(t, "once")
+		if got := tk.Encode("Once upon a time", true); !slices.Equal(got, once.PromptIDs) {
+			t.Errorf("Encode(Once upon a time) = %v, want the golden prompt %v", got, once.PromptIDs)
+		}
+		story := tk.Decode(testmodel.GoldenCase(t, "bos").Completion, true)
+		if !strings.HasPrefix(story, testmodel.StoryStart) {
+			t.Errorf("the golden story decodes to %q, want it to start %q", story, testmodel.StoryStart)
 		}
 	})
 	t.Run("synthesized files", func(t *testing.T) {

@@ -120,8 +120,12 @@ func TestFP8QuantizedStories(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Issue 2's bar on the trained model: every golden case's first-step
+	// logits within cosine 0.99 of F32's, and at least 95% of the golden
+	// greedy steps, teacher-forced, predicted by FP8 too. (The golden ids
+	// are F32's greedy path: TestGoldenGreedyTeacherForced.) Measured on
+	// the genuine stories260K: cosines 0.9998, 160 of 164 steps (0.976).
 	var agree, total int
-	minCos := 1.0
 	for _, c := range cases {
 		tokens := append(append([]int32{}, c.PromptIDs...), c.Completion...)
 		a, b, d := teacherForced(t, ref, tokens), teacherForced(t, q, tokens), teacherForced(t, deq, tokens)
@@ -134,26 +138,23 @@ func TestFP8QuantizedStories(t *testing.T) {
 		}
 		first := len(c.PromptIDs) - 1
 		cos := testmodel.Cosine(a[first], b[first])
-		minCos = min(minCos, cos)
-		t.Logf("%s: first-step cosine to F32 %.5f", c.Name, cos)
-		for i := first; i < len(tokens)-1; i++ {
-			total++
-			if sample.Argmax(a[i]) == sample.Argmax(b[i]) {
-				agree++
+		caseAgree := 0
+		for i, want := range c.Completion {
+			if sample.Argmax(b[first+i]) == want {
+				caseAgree++
 			}
+		}
+		agree += caseAgree
+		total += len(c.Completion)
+		t.Logf("%s: first-step cosine to F32 %.5f, greedy steps kept %d/%d", c.Name, cos, caseAgree, len(c.Completion))
+		if cos < 0.99 {
+			t.Errorf("%s: first-step cosine to F32 %.5f < 0.99", c.Name, cos)
 		}
 	}
 	rate := float64(agree) / float64(total)
-	t.Logf("teacher-forced top-1 agreement with F32: %d/%d = %.3f", agree, total, rate)
-	// At the 191 golden positions the reference's top two logits differ by
-	// less than 0.034 at one in twenty and by 1.3 at the median, while
-	// E4M3's 3-bit mantissa moves this tiny model's logits by ~2.4, so
-	// FP8 flips many argmaxes even when computed exactly (checked above).
-	// Agreement reaches 95% only with about an eighth of E4M3's rounding
-	// error. These floors guard against a broken quantiser, not against
-	// FP8's inherent error.
-	if minCos < 0.85 || rate < 0.7 {
-		t.Fatalf("FP8 model drifted: min cosine %.4f, agreement %.3f", minCos, rate)
+	t.Logf("teacher-forced top-1 agreement with the golden greedy ids: %d/%d = %.3f", agree, total, rate)
+	if rate < 0.95 {
+		t.Fatalf("FP8 keeps %d of %d golden greedy steps (%.3f), want at least 95%%", agree, total, rate)
 	}
 }
 

@@ -142,7 +142,11 @@ func TestFP8Synthetic100MAgreesWithF32(t *testing.T) {
 	// The golden prompts of stories260K, teacher-forced. A random model's
 	// logits are nearly flat (the median gap between its top two is ~0.08,
 	// while FP8 moves logits by ~0.26), so greedy agreement is far below
-	// what a trained model shows; the floor catches a broken quantiser.
+	// what a trained model shows (stories260K keeps 97.6%: checkpoint's
+	// TestFP8QuantizedStories). Measured here: first-step cosines
+	// 0.992-0.996, 128 of 164 argmaxes kept (0.78). The floor leaves room
+	// for kernel sets that round differently and still catches a broken
+	// quantiser, which keeps almost none.
 	t.Run("golden prompts", func(t *testing.T) {
 		vocab := a.Config().VocabSize
 		var agree, total int
@@ -172,7 +176,7 @@ func TestFP8Synthetic100MAgreesWithF32(t *testing.T) {
 		}
 		rate := float64(agree) / float64(total)
 		t.Logf("teacher-forced top-1 agreement on the golden prompts: %d/%d = %.3f", agree, total, rate)
-		if rate < 0.5 {
+		if rate < 0.7 {
 			t.Fatalf("top-1 agreement %.3f: the FP8 model no longer follows F32", rate)
 		}
 	})

@@ -2,7 +2,7 @@
 // node cache. The daemon comes from scripts/install-containerd.sh (Debian's
 // containerd package), which `make deps` runs; tests skip when it is not
 // installed or cannot start here (for instance when not run as root), unless
-// STOKE_REQUIRE_CONTAINERD=1 turns that into a failure.
+// STOKE_REQUIRE_CONTAINERD=1 (which .ci/run sets) turns that into a failure.
 package ctrdtest
 
 import (

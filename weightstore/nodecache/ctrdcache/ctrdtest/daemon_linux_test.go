@@ -5,9 +5,11 @@ package ctrdtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -56,10 +58,10 @@ func TestStart(t *testing.T) {
 func TestDaemon(t *testing.T) {
 	bin, err := exec.LookPath("containerd")
 	if err != nil {
-		t.Skipf("containerd is not installed: %v", err)
+		skip(t, "containerd is not installed: %v", err)
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+	if uid := os.Geteuid(); uid != 0 {
+		skip(t, "needs root; running as uid %d", uid)
 	}
 	for _, tc := range []struct {
 		name      string
@@ -101,6 +103,51 @@ func TestDaemon(t *testing.T) {
 			}
 			if _, err := os.Stat(d.socket); !errors.Is(err, os.ErrNotExist) && tc.wantShort {
 				t.Errorf("socket %s after stop: %v, want it removed with its directory", d.socket, err)
+			}
+		})
+	}
+}
+
+// recorder is a testing.TB that records how skip ended the test instead of
+// ending the real one.
+type recorder struct {
+	testing.TB
+	skipped, failed bool
+	msg             string
+}
+
+func (r *recorder) Helper() {}
+
+func (r *recorder) Skipf(format string, args ...any) {
+	r.skipped, r.msg = true, fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+func (r *recorder) Fatalf(format string, args ...any) {
+	r.failed, r.msg = true, fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+func TestSkipFailsWhenRequired(t *testing.T) {
+	for _, tc := range []struct {
+		env                string
+		wantSkip, wantFail bool
+	}{
+		{"", true, false},
+		{"0", true, false},
+		{"1", false, true},
+	} {
+		t.Run("STOKE_REQUIRE_CONTAINERD="+tc.env, func(t *testing.T) {
+			t.Setenv("STOKE_REQUIRE_CONTAINERD", tc.env)
+			r := &recorder{TB: t}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				skip(r, "containerd is %s", "missing")
+			}()
+			<-done
+			if r.skipped != tc.wantSkip || r.failed != tc.wantFail || !strings.Contains(r.msg, "containerd is missing") {
+				t.Fatalf("skipped %v, failed %v (%q); want skipped %v, failed %v", r.skipped, r.failed, r.msg, tc.wantSkip, tc.wantFail)
 			}
 		})
 	}
