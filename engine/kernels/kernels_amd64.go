@@ -34,6 +34,7 @@ var avx512Kernels = func() *Set {
 		siluMul:     siluMulAsm,
 		addWeighted: addWeightedAsm,
 
+		gemmMax:      batchLimits{f32: 64, bf16: 64, fp8: 64},
 		fmaPeak:      fmaPeakAVX512,
 		flopsPerIter: 12 * 16 * 2,
 	}

@@ -29,6 +29,11 @@ var avx2Kernels = func() *Set {
 	ks.f32Gemm = avx2F32.gemm
 	ks.bf16Gemm = avx2BF16.gemm
 	ks.fp8Gemm = avx2FP8.gemm
+	// Measured with weights streamed from memory (BenchmarkBatchStream):
+	// from these batch sizes on, decoding W once into F32 and running the
+	// F32 tiles beats decoding it in registers for every two x rows.
+	ks.gemmMax = batchLimits{f32: 16, bf16: 16, fp8: 8}
+	ks.f32TileRun = f32TileRunAVX2w
 	ks.widenTiles = true
 	ks.fmaPeak, ks.flopsPerIter = fmaPeakAVX2, 12*8*2
 	ks.bf16ToF32 = bf16ToF32AVX2w
@@ -153,6 +158,26 @@ func (o *avx2Ops[T]) tile4x4(x []float32, xs int, w []T, ws, k int, out []float3
 	o.addTails(x, xs, 4, w, ws, kv, k, 4, out, os)
 }
 
+// f32TileRunAVX2w stores the products of nx x rows with four W rows, two
+// x rows at a time in one assembly call (F32 only: the set widens BF16
+// and FP8 before it tiles them).
+func f32TileRunAVX2w(x []float32, xs, nx int, w []float32, ws, k int, out []float32, os int) {
+	_, _, _ = x[(nx-1)*xs+k-1], w[3*ws+k-1], out[(nx-1)*os+3]
+	kv, pairs := k&^7, nx/2
+	if kv == 0 {
+		for t := range nx {
+			clear(out[t*os : t*os+4])
+		}
+	} else if pairs > 0 {
+		f32TileRunAVX2(&x[0], xs, pairs, &w[0], ws, kv, &out[0], os)
+	}
+	if kv > 0 && nx%2 == 1 {
+		t := nx - 1
+		avx2F32.gemvK(&x[t*xs], &w[0], ws, kv, 1, &out[t*os], 0, false)
+	}
+	avx2F32.addTails(x, xs, nx, w, ws, kv, k, 4, out, os)
+}
+
 // dot1x4 stores the products of one x row with four W rows.
 func (o *avx2Ops[T]) dot1x4(x []float32, w []T, ws, k int, out []float32) {
 	o.gemv(x, w, ws, k, 4, out)
@@ -240,6 +265,9 @@ func bf16ToF32AVX2(dst *float32, src *uint16, n int)
 
 //go:noescape
 func fp8ToF32AVX2(dst *float32, src *uint8, n int, mul float32)
+
+//go:noescape
+func f32TileRunAVX2(x *float32, xs, pairs int, w *float32, ws, k int, out *float32, os int)
 
 //go:noescape
 func fmaPeakAVX2(iters int)

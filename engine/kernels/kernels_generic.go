@@ -48,6 +48,13 @@ type Set struct {
 	f32Gemm  func(x []float32, xs, nx int, w []float32, ws, k, rows int, out []float32, os int)
 	bf16Gemm func(x []float32, xs, nx int, w []uint16, ws, k, rows int, out []float32, os int)
 	fp8Gemm  func(x []float32, xs, nx int, w []uint8, ws, k, rows int, out []float32, os int)
+	// gemmMax is the largest batch, per weight type, that runs through
+	// the small-batch kernels above; larger ones run through the tiles.
+	gemmMax batchLimits
+	// f32TileRun, where a set has it, stores the products of nx x rows
+	// (stride xs) with four W rows into out[t*os+r] in one call: the
+	// column of 4x4 tiles of one quad.
+	f32TileRun func(x []float32, xs, nx int, w []float32, ws, k int, out []float32, os int)
 	// widenTiles makes large BF16 and FP8 products widen each quad of W
 	// rows into F32 once and run the F32 tiles, instead of the set's
 	// BF16 and FP8 tiles (for sets where decoding in registers costs more
@@ -75,6 +82,10 @@ type Set struct {
 	// j < d, q < n; nr, n, d >= 1.
 	addWeighted func(out []float32, os int, p []float32, ps, nr int, v []float32, vs, n, d int)
 }
+
+// batchLimits are the largest batches of F32, BF16 and FP8 products that
+// run through a set's small-batch kernels.
+type batchLimits struct{ f32, bf16, fp8 int }
 
 // fp8Unit is the factor by which raw FP8 results must be multiplied.
 const fp8Unit = 256

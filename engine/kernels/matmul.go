@@ -25,9 +25,6 @@ const (
 	// Small x is not split by columns: W then streams in whole rows,
 	// which the hardware prefetchers handle fastest.
 	kBlock = 1024
-	// gemmMaxN is the largest batch that runs through the small-batch
-	// kernels (Set.f32Gemm etc.); larger ones use the 4x4 tiles.
-	gemmMaxN = 64
 	// gemmChunkBytes bounds the W rows that the small-batch kernels
 	// multiply by each group of four x rows in turn: the first group
 	// streams them from memory, the others find them in cache.
@@ -88,27 +85,33 @@ func (c *mmCall) f32(lo, hi int) {
 		ks.f32Gemv(x, w[lo*cols:], cols, cols, hi-lo, out[lo:hi])
 		return
 	}
-	if n <= gemmMaxN && n*cols*4 <= xBlockBytes && ks.f32Gemm != nil {
+	if n <= ks.gemmMax.f32 && n*cols*4 <= xBlockBytes && ks.f32Gemm != nil {
 		smallBatch(ks.f32Gemm, x, n, w, 4, rows, cols, lo, hi, out)
 		return
 	}
 	xb := max(4, xBlockBytes/(4*cols)&^3)
 	for t0 := 0; t0 < n; t0 += xb {
 		t1 := min(n, t0+xb)
-		tiles(ks.f32Dot4x4, ks.f32Dot1x4, x, t0, t1, w, rows, cols, lo, hi, out)
+		tiles(ks.f32Dot4x4, ks.f32Dot1x4, ks.f32TileRun, x, t0, t1, w, rows, cols, lo, hi, out)
 	}
 }
 
 // tiles stores the products of x rows [t0, t1) with W rows [lo, hi)
 // through 4x4 tiles, 1x4 tiles for the x rows past the last quad of them,
 // and for the W rows past the last quad, 1x4 tiles of one row repeated
-// (stride 0): every output is summed as the quads' are.
+// (stride 0): every output is summed as the quads' are. A set's run
+// kernel, where it has one, does all the x rows of a quad in one call.
 func tiles[T any](dot4x4 func(x []float32, xs int, w []T, ws, k int, out []float32, os int),
 	dot1x4 func(x []float32, w []T, ws, k int, out []float32),
+	run func(x []float32, xs, nx int, w []T, ws, k int, out []float32, os int),
 	x []float32, t0, t1 int, w []T, rows, cols, lo, hi int, out []float32) {
 	i := lo
 	for ; i+4 <= hi; i += 4 {
 		wt := w[i*cols:]
+		if run != nil {
+			run(x[t0*cols:], cols, t1-t0, wt, cols, cols, out[t0*rows+i:], rows)
+			continue
+		}
 		t := t0
 		for ; t+4 <= t1; t += 4 {
 			dot4x4(x[t*cols:], cols, wt, cols, cols, out[t*rows+i:], rows)
@@ -189,11 +192,11 @@ func (c *mmCall) decode(x []float32, t0, t1, lo, hi int) {
 		ks.fp8Gemv(x, w.FP8[lo*cols:], cols, cols, hi-lo, out[lo:hi])
 		return
 	}
-	if n <= gemmMaxN && bf && ks.bf16Gemm != nil {
+	if n <= ks.gemmMax.bf16 && bf && ks.bf16Gemm != nil {
 		smallBatch(ks.bf16Gemm, x, n, w.BF16, 2, rows, cols, lo, hi, out)
 		return
 	}
-	if n <= gemmMaxN && !bf && ks.fp8Gemm != nil {
+	if n <= ks.gemmMax.fp8 && !bf && ks.fp8Gemm != nil {
 		smallBatch(ks.fp8Gemm, x, n, w.FP8, 1, rows, cols, lo, hi, out)
 		return
 	}
@@ -201,9 +204,9 @@ func (c *mmCall) decode(x []float32, t0, t1, lo, hi int) {
 	case ks.widenTiles:
 		c.widenedTiles(x, n, lo, hi, out)
 	case bf:
-		tiles(ks.bf16Dot4x4, ks.bf16Dot1x4, x, 0, n, w.BF16, rows, cols, lo, hi, out)
+		tiles(ks.bf16Dot4x4, ks.bf16Dot1x4, nil, x, 0, n, w.BF16, rows, cols, lo, hi, out)
 	default:
-		tiles(ks.fp8Dot4x4, ks.fp8Dot1x4, x, 0, n, w.FP8, rows, cols, lo, hi, out)
+		tiles(ks.fp8Dot4x4, ks.fp8Dot1x4, nil, x, 0, n, w.FP8, rows, cols, lo, hi, out)
 	}
 }
 
@@ -228,7 +231,7 @@ func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
 				ks.fp8ToF32(quad[r*cols:(r+1)*cols], w.FP8[row:row+cols], 1)
 			}
 		}
-		tiles(ks.f32Dot4x4, ks.f32Dot1x4, x, 0, n, quad, rows, cols, 0, nr, out[i:])
+		tiles(ks.f32Dot4x4, ks.f32Dot1x4, ks.f32TileRun, x, 0, n, quad, rows, cols, 0, nr, out[i:])
 	}
 }
 
