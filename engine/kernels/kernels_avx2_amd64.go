@@ -8,8 +8,7 @@ import "golang.org/x/sys/cpu"
 // or nil when the CPU lacks those too. The assembly handles whole vectors
 // of 8 columns; the wrappers add the last k%8 columns in order after them,
 // the same way on every path, and sum rows past the last quad as a quad
-// of one row, so every output is summed in one order. Exponentials stay
-// portable.
+// of one row, so every output is summed in one order.
 var avx2Kernels = func() *Set {
 	x := cpu.X86
 	if !(x.HasAVX2 && x.HasFMA && x.HasF16C) {
@@ -41,9 +40,9 @@ var avx2Kernels = func() *Set {
 	ks.dot = dotAVX2w
 	ks.axpy = axpyAVX2w
 	ks.scale = scaleAVX2w
-	ks.addWeighted = func(out []float32, os int, p []float32, ps, nr int, v []float32, vs, n, d int) {
-		addWeightedAXPY(axpyAVX2w, out, os, p, ps, nr, v, vs, n, d)
-	}
+	ks.expSum = expSumAVX2w
+	ks.siluMul = siluMulAVX2w
+	ks.addWeighted = addWeightedAVX2w
 	return &ks
 }()
 
@@ -214,6 +213,48 @@ func fp8ToF32AVX2w(dst []float32, src []uint8, mul float32) {
 	fp8ToF32Go(dst[nv:], src[nv:], mul)
 }
 
+func expSumAVX2w(x []float32, shift float32) float32 {
+	return expSumAVX2(&x[0], len(x), shift)
+}
+
+func siluMulAVX2w(gate, up []float32) {
+	_ = up[len(gate)-1]
+	siluMulAVX2(&gate[0], &up[0], len(gate))
+}
+
+// addWeightedAVX2w runs the weighted-sum kernel on four rows of weights
+// and 16 columns at a time; rows past nr repeat row 0's weights into a
+// discarded buffer, and the last d%16 columns take one axpy per weight,
+// which sums each output the same way.
+func addWeightedAVX2w(out []float32, os int, p []float32, ps, nr int, v []float32, vs, n, d int) {
+	_, _, _ = out[(nr-1)*os+d-1], p[(nr-1)*ps+n-1], v[(n-1)*vs+d-1]
+	var discard [16]float32
+	d16 := d &^ 15
+	for r0 := 0; r0 < nr && d16 > 0; r0 += 4 {
+		var pr [4]*float32
+		var or [4]int
+		for i := range 4 {
+			pr[i], or[i] = &p[r0*ps], -1
+			if r0+i < nr {
+				pr[i], or[i] = &p[(r0+i)*ps], (r0+i)*os
+			}
+		}
+		for j := 0; j < d16; j += 16 {
+			var o [4]*float32
+			for i := range 4 {
+				o[i] = &discard[0]
+				if or[i] >= 0 {
+					o[i] = &out[or[i]+j]
+				}
+			}
+			wsum4x16AVX2(pr[0], pr[1], pr[2], pr[3], &v[j], vs, n, o[0], o[1], o[2], o[3])
+		}
+	}
+	if d16 < d {
+		addWeightedAXPY(axpyAVX2w, out[d16:], os, p, ps, nr, v[d16:], vs, n, d-d16)
+	}
+}
+
 func axpyAVX2w(y []float32, alpha float32, x []float32) {
 	x = x[:len(y)]
 	nv := len(y) &^ 7
@@ -268,6 +309,15 @@ func fp8ToF32AVX2(dst *float32, src *uint8, n int, mul float32)
 
 //go:noescape
 func f32TileRunAVX2(x *float32, xs, pairs int, w *float32, ws, k int, out *float32, os int)
+
+//go:noescape
+func expSumAVX2(x *float32, n int, shift float32) float32
+
+//go:noescape
+func siluMulAVX2(gate *float32, up *float32, n int)
+
+//go:noescape
+func wsum4x16AVX2(p0, p1, p2, p3 *float32, v *float32, vs, n int, o0, o1, o2, o3 *float32)
 
 //go:noescape
 func fmaPeakAVX2(iters int)

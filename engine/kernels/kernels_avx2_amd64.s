@@ -1261,3 +1261,300 @@ peakloop:
 	JNZ         peakloop
 	VZEROUPPER
 	RET
+// expc holds the constants of EXPY, each in all 8 lanes: the clamps
+// (88.376 and -87, so that 2^n stays a normal float), log2(e), ln 2 in
+// two parts, the polynomial's coefficients and 1.
+DATA expc<>+0(SB)/4, $0x42b0c0a5
+DATA expc<>+4(SB)/4, $0x42b0c0a5
+DATA expc<>+8(SB)/4, $0x42b0c0a5
+DATA expc<>+12(SB)/4, $0x42b0c0a5
+DATA expc<>+16(SB)/4, $0x42b0c0a5
+DATA expc<>+20(SB)/4, $0x42b0c0a5
+DATA expc<>+24(SB)/4, $0x42b0c0a5
+DATA expc<>+28(SB)/4, $0x42b0c0a5
+DATA expc<>+32(SB)/4, $0xc2ae0000
+DATA expc<>+36(SB)/4, $0xc2ae0000
+DATA expc<>+40(SB)/4, $0xc2ae0000
+DATA expc<>+44(SB)/4, $0xc2ae0000
+DATA expc<>+48(SB)/4, $0xc2ae0000
+DATA expc<>+52(SB)/4, $0xc2ae0000
+DATA expc<>+56(SB)/4, $0xc2ae0000
+DATA expc<>+60(SB)/4, $0xc2ae0000
+DATA expc<>+64(SB)/4, $0x3fb8aa3b
+DATA expc<>+68(SB)/4, $0x3fb8aa3b
+DATA expc<>+72(SB)/4, $0x3fb8aa3b
+DATA expc<>+76(SB)/4, $0x3fb8aa3b
+DATA expc<>+80(SB)/4, $0x3fb8aa3b
+DATA expc<>+84(SB)/4, $0x3fb8aa3b
+DATA expc<>+88(SB)/4, $0x3fb8aa3b
+DATA expc<>+92(SB)/4, $0x3fb8aa3b
+DATA expc<>+96(SB)/4, $0x3f318000
+DATA expc<>+100(SB)/4, $0x3f318000
+DATA expc<>+104(SB)/4, $0x3f318000
+DATA expc<>+108(SB)/4, $0x3f318000
+DATA expc<>+112(SB)/4, $0x3f318000
+DATA expc<>+116(SB)/4, $0x3f318000
+DATA expc<>+120(SB)/4, $0x3f318000
+DATA expc<>+124(SB)/4, $0x3f318000
+DATA expc<>+128(SB)/4, $0xb95e8083
+DATA expc<>+132(SB)/4, $0xb95e8083
+DATA expc<>+136(SB)/4, $0xb95e8083
+DATA expc<>+140(SB)/4, $0xb95e8083
+DATA expc<>+144(SB)/4, $0xb95e8083
+DATA expc<>+148(SB)/4, $0xb95e8083
+DATA expc<>+152(SB)/4, $0xb95e8083
+DATA expc<>+156(SB)/4, $0xb95e8083
+DATA expc<>+160(SB)/4, $0x39506967
+DATA expc<>+164(SB)/4, $0x39506967
+DATA expc<>+168(SB)/4, $0x39506967
+DATA expc<>+172(SB)/4, $0x39506967
+DATA expc<>+176(SB)/4, $0x39506967
+DATA expc<>+180(SB)/4, $0x39506967
+DATA expc<>+184(SB)/4, $0x39506967
+DATA expc<>+188(SB)/4, $0x39506967
+DATA expc<>+192(SB)/4, $0x3ab743ce
+DATA expc<>+196(SB)/4, $0x3ab743ce
+DATA expc<>+200(SB)/4, $0x3ab743ce
+DATA expc<>+204(SB)/4, $0x3ab743ce
+DATA expc<>+208(SB)/4, $0x3ab743ce
+DATA expc<>+212(SB)/4, $0x3ab743ce
+DATA expc<>+216(SB)/4, $0x3ab743ce
+DATA expc<>+220(SB)/4, $0x3ab743ce
+DATA expc<>+224(SB)/4, $0x3c088908
+DATA expc<>+228(SB)/4, $0x3c088908
+DATA expc<>+232(SB)/4, $0x3c088908
+DATA expc<>+236(SB)/4, $0x3c088908
+DATA expc<>+240(SB)/4, $0x3c088908
+DATA expc<>+244(SB)/4, $0x3c088908
+DATA expc<>+248(SB)/4, $0x3c088908
+DATA expc<>+252(SB)/4, $0x3c088908
+DATA expc<>+256(SB)/4, $0x3d2aa9c1
+DATA expc<>+260(SB)/4, $0x3d2aa9c1
+DATA expc<>+264(SB)/4, $0x3d2aa9c1
+DATA expc<>+268(SB)/4, $0x3d2aa9c1
+DATA expc<>+272(SB)/4, $0x3d2aa9c1
+DATA expc<>+276(SB)/4, $0x3d2aa9c1
+DATA expc<>+280(SB)/4, $0x3d2aa9c1
+DATA expc<>+284(SB)/4, $0x3d2aa9c1
+DATA expc<>+288(SB)/4, $0x3e2aaaaa
+DATA expc<>+292(SB)/4, $0x3e2aaaaa
+DATA expc<>+296(SB)/4, $0x3e2aaaaa
+DATA expc<>+300(SB)/4, $0x3e2aaaaa
+DATA expc<>+304(SB)/4, $0x3e2aaaaa
+DATA expc<>+308(SB)/4, $0x3e2aaaaa
+DATA expc<>+312(SB)/4, $0x3e2aaaaa
+DATA expc<>+316(SB)/4, $0x3e2aaaaa
+DATA expc<>+320(SB)/4, $0x3f000000
+DATA expc<>+324(SB)/4, $0x3f000000
+DATA expc<>+328(SB)/4, $0x3f000000
+DATA expc<>+332(SB)/4, $0x3f000000
+DATA expc<>+336(SB)/4, $0x3f000000
+DATA expc<>+340(SB)/4, $0x3f000000
+DATA expc<>+344(SB)/4, $0x3f000000
+DATA expc<>+348(SB)/4, $0x3f000000
+DATA expc<>+352(SB)/4, $0x3f800000
+DATA expc<>+356(SB)/4, $0x3f800000
+DATA expc<>+360(SB)/4, $0x3f800000
+DATA expc<>+364(SB)/4, $0x3f800000
+DATA expc<>+368(SB)/4, $0x3f800000
+DATA expc<>+372(SB)/4, $0x3f800000
+DATA expc<>+376(SB)/4, $0x3f800000
+DATA expc<>+380(SB)/4, $0x3f800000
+GLOBL expc<>(SB), RODATA|NOPTR, $384
+
+// tailmask holds 8 all-ones words then 8 zero words: the 8 words from
+// byte 32-4*c on are the mask of the first c lanes.
+DATA tailmask<>+0(SB)/4, $0xffffffff
+DATA tailmask<>+4(SB)/4, $0xffffffff
+DATA tailmask<>+8(SB)/4, $0xffffffff
+DATA tailmask<>+12(SB)/4, $0xffffffff
+DATA tailmask<>+16(SB)/4, $0xffffffff
+DATA tailmask<>+20(SB)/4, $0xffffffff
+DATA tailmask<>+24(SB)/4, $0xffffffff
+DATA tailmask<>+28(SB)/4, $0xffffffff
+DATA tailmask<>+32(SB)/4, $0x0
+DATA tailmask<>+36(SB)/4, $0x0
+DATA tailmask<>+40(SB)/4, $0x0
+DATA tailmask<>+44(SB)/4, $0x0
+DATA tailmask<>+48(SB)/4, $0x0
+DATA tailmask<>+52(SB)/4, $0x0
+DATA tailmask<>+56(SB)/4, $0x0
+DATA tailmask<>+60(SB)/4, $0x0
+GLOBL tailmask<>(SB), RODATA|NOPTR, $64
+
+// EXPY replaces the 8 lanes of yx with exp(yx), within 2 ulp, clamping
+// the input to [-87, 88.38] so that the result stays a normal float.
+// yn and yt are clobbered. exp(x) = 2^n · e^r with n = round(x·log2 e)
+// and r = x - n·ln 2; e^r is a degree-7 polynomial, and 2^n is added to
+// its exponent bits.
+#define EXPY(yx, yn, yt) \
+	VMINPS expc<>+0(SB), yx, yx; \
+	VMAXPS expc<>+32(SB), yx, yx; \
+	VMULPS expc<>+64(SB), yx, yn; \
+	VROUNDPS $0, yn, yn; \
+	VFNMADD231PS expc<>+96(SB), yn, yx; \
+	VFNMADD231PS expc<>+128(SB), yn, yx; \
+	VMOVUPS expc<>+160(SB), yt; \
+	VFMADD213PS expc<>+192(SB), yx, yt; \
+	VFMADD213PS expc<>+224(SB), yx, yt; \
+	VFMADD213PS expc<>+256(SB), yx, yt; \
+	VFMADD213PS expc<>+288(SB), yx, yt; \
+	VFMADD213PS expc<>+320(SB), yx, yt; \
+	VMULPS yx, yt, yt; \
+	VFMADD213PS yx, yx, yt; \
+	VADDPS expc<>+352(SB), yt, yt; \
+	VCVTPS2DQ yn, yn; \
+	VPSLLD $23, yn, yn; \
+	VPADDD yn, yt, yx
+
+// TAILMASKY loads the mask of the first CX%8 lanes into Y15. Clobbers AX.
+#define TAILMASKY \
+	MOVQ    CX, AX; \
+	ANDQ    $7, AX; \
+	NEGQ    AX; \
+	LEAQ    tailmask<>+32(SB), R8; \
+	VMOVUPS (R8)(AX*4), Y15
+
+// func expSumAVX2(x *float32, n int, shift float32) float32
+// x[j] = exp(x[j] - shift); returns Σ x[j] (lanes of 8 in order, then a
+// fixed tree across them).
+TEXT ·expSumAVX2(SB), NOSPLIT, $0-28
+	MOVQ         x+0(FP), DI
+	MOVQ         n+8(FP), CX
+	VBROADCASTSS shift+16(FP), Y14
+	VXORPS       Y12, Y12, Y12
+	XORQ         BX, BX
+	MOVQ         CX, DX
+	ANDQ         $-8, DX
+
+es8:
+	CMPQ    BX, DX
+	JAE     estail
+	VMOVUPS (DI)(BX*4), Y0
+	VSUBPS  Y14, Y0, Y0
+	EXPY(Y0, Y1, Y2)
+	VMOVUPS Y0, (DI)(BX*4)
+	VADDPS  Y0, Y12, Y12
+	ADDQ    $8, BX
+	JMP     es8
+
+estail:
+	TESTQ       $7, CX
+	JZ          esreduce
+	TAILMASKY
+	VMASKMOVPS  (DI)(BX*4), Y15, Y0
+	VSUBPS      Y14, Y0, Y0
+	EXPY(Y0, Y1, Y2)
+	VMASKMOVPS  Y0, Y15, (DI)(BX*4)
+	VANDPS      Y15, Y0, Y0
+	VADDPS      Y0, Y12, Y12
+
+esreduce:
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS       X13, X12, X12
+	VHADDPS      X12, X12, X12
+	VHADDPS      X12, X12, X12
+	VMOVSS       X12, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// SILUY replaces the 8 lanes of yg with silu(yg)·yu = yg·yu / (1 +
+// exp(-yg)). Y13 is zero; yx, yn, yt are clobbered.
+#define SILUY(yg, yu, yx, yn, yt) \
+	VSUBPS  yg, Y13, yx; \
+	EXPY(yx, yn, yt); \
+	VADDPS  expc<>+352(SB), yx, yx; \
+	VMULPS  yu, yg, yg; \
+	VDIVPS  yx, yg, yg
+
+// func siluMulAVX2(gate *float32, up *float32, n int)
+// gate[j] = silu(gate[j]) * up[j].
+TEXT ·siluMulAVX2(SB), NOSPLIT, $0-24
+	MOVQ   gate+0(FP), DI
+	MOVQ   up+8(FP), SI
+	MOVQ   n+16(FP), CX
+	VXORPS Y13, Y13, Y13
+	XORQ   BX, BX
+	MOVQ   CX, DX
+	ANDQ   $-8, DX
+
+sm8:
+	CMPQ    BX, DX
+	JAE     smtail
+	VMOVUPS (DI)(BX*4), Y0
+	VMOVUPS (SI)(BX*4), Y4
+	SILUY(Y0, Y4, Y1, Y2, Y3)
+	VMOVUPS Y0, (DI)(BX*4)
+	ADDQ    $8, BX
+	JMP     sm8
+
+smtail:
+	TESTQ      $7, CX
+	JZ         smdone
+	TAILMASKY
+	VMASKMOVPS (DI)(BX*4), Y15, Y0
+	VMASKMOVPS (SI)(BX*4), Y15, Y4
+	SILUY(Y0, Y4, Y1, Y2, Y3)
+	VMASKMOVPS Y0, Y15, (DI)(BX*4)
+
+smdone:
+	VZEROUPPER
+	RET
+
+// func wsum4x16AVX2(p0, p1, p2, p3 *float32, v *float32, vs, n int, o0, o1, o2, o3 *float32)
+// o_r[j] += Σ_q p_r[q] * v[q*vs+j] for r < 4, j < 16, q < n (n >= 1),
+// each weight's product fused into the running sum in order, exactly as
+// one axpy per weight would.
+TEXT ·wsum4x16AVX2(SB), NOSPLIT, $0-88
+	MOVQ    p0+0(FP), R8
+	MOVQ    p1+8(FP), R9
+	MOVQ    p2+16(FP), R10
+	MOVQ    p3+24(FP), R11
+	MOVQ    v+32(FP), SI
+	MOVQ    vs+40(FP), DX
+	SHLQ    $2, DX
+	MOVQ    n+48(FP), CX
+	MOVQ    o0+56(FP), AX
+	MOVQ    o1+64(FP), R12
+	MOVQ    o2+72(FP), R13
+	MOVQ    o3+80(FP), R14
+	VMOVUPS (AX), Y0
+	VMOVUPS 32(AX), Y1
+	VMOVUPS (R12), Y2
+	VMOVUPS 32(R12), Y3
+	VMOVUPS (R13), Y4
+	VMOVUPS 32(R13), Y5
+	VMOVUPS (R14), Y6
+	VMOVUPS 32(R14), Y7
+	XORQ    BX, BX
+
+ws16:
+	VMOVUPS      (SI), Y8
+	VMOVUPS      32(SI), Y9
+	VBROADCASTSS (R8)(BX*4), Y10
+	VBROADCASTSS (R9)(BX*4), Y11
+	VBROADCASTSS (R10)(BX*4), Y12
+	VBROADCASTSS (R11)(BX*4), Y13
+	VFMADD231PS  Y8, Y10, Y0
+	VFMADD231PS  Y9, Y10, Y1
+	VFMADD231PS  Y8, Y11, Y2
+	VFMADD231PS  Y9, Y11, Y3
+	VFMADD231PS  Y8, Y12, Y4
+	VFMADD231PS  Y9, Y12, Y5
+	VFMADD231PS  Y8, Y13, Y6
+	VFMADD231PS  Y9, Y13, Y7
+	ADDQ         DX, SI
+	INCQ         BX
+	CMPQ         BX, CX
+	JB           ws16
+
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, (R12)
+	VMOVUPS Y3, 32(R12)
+	VMOVUPS Y4, (R13)
+	VMOVUPS Y5, 32(R13)
+	VMOVUPS Y6, (R14)
+	VMOVUPS Y7, 32(R14)
+	VZEROUPPER
+	RET

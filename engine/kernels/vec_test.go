@@ -277,6 +277,16 @@ func TestAddWeightedRows(t *testing.T) {
 				for _, ks := range kernelSets() {
 					out := append([]float32(nil), start...)
 					ks.addWeighted(out, os, p, ps, nr, v, vs, n, d)
+					// The same bits as one axpy per weight over the whole
+					// row: whatever tiling a set uses, each output is the
+					// same fused sum, whatever nr is.
+					ref := append([]float32(nil), start...)
+					addWeightedAXPY(ks.axpy, ref, os, p, ps, nr, v, vs, n, d)
+					for i := range out {
+						if math.Float32bits(out[i]) != math.Float32bits(ref[i]) {
+							t.Fatalf("%s nr=%d n=%d d=%d: out[%d] = %v, one axpy per weight gives %v", ks.name, nr, n, d, i, out[i], ref[i])
+						}
+					}
 					for r := range nr {
 						for j := range os {
 							got := out[r*os+j]
