@@ -30,11 +30,13 @@ var avx512Kernels = func() *Set {
 		fp8ToF32:    fp8ToF32Asm,
 		axpy:        axpyAsm,
 		scale:       scaleAsm,
+		scaleTo:     scaleToAsm,
 		expSum:      expSumAsm,
 		siluMul:     siluMulAsm,
 		addWeighted: addWeightedAsm,
 
 		gemmMax:      batchLimits{f32: 64, bf16: 64, fp8: 64},
+		widenTiles:   true,
 		fmaPeak:      fmaPeakAVX512,
 		flopsPerIter: 12 * 16 * 2,
 	}
@@ -218,6 +220,14 @@ func scaleAsm(y []float32, alpha float32) {
 	scaleAVX512(&y[0], alpha, len(y))
 }
 
+func scaleToAsm(dst, src []float32, alpha float32) {
+	if len(src) == 0 {
+		return
+	}
+	_ = dst[len(src)-1]
+	scaleToAVX512(&dst[0], &src[0], alpha, len(src))
+}
+
 func expSumAsm(x []float32, shift float32) float32 {
 	return expSumAVX512(&x[0], len(x), shift)
 }
@@ -327,6 +337,9 @@ func axpyAVX512(y *float32, alpha float32, x *float32, n int)
 
 //go:noescape
 func scaleAVX512(y *float32, alpha float32, n int)
+
+//go:noescape
+func scaleToAVX512(dst *float32, src *float32, alpha float32, n int)
 
 //go:noescape
 func expSumAVX512(x *float32, n int, shift float32) float32

@@ -1565,3 +1565,34 @@ peakloop:
 	JNZ         peakloop
 	VZEROUPPER
 	RET
+
+// func scaleToAVX512(dst *float32, src *float32, alpha float32, n int)
+// dst[j] = src[j] * alpha.
+TEXT ·scaleToAVX512(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	VBROADCASTSS alpha+16(FP), Z31
+	MOVQ         n+24(FP), CX
+	XORQ         BX, BX
+	MOVQ         CX, AX
+	ANDQ         $-16, AX
+
+st16:
+	CMPQ    BX, AX
+	JAE     sttail
+	VMULPS  (SI)(BX*4), Z31, Z0
+	VMOVUPS Z0, (DI)(BX*4)
+	ADDQ    $16, BX
+	JMP     st16
+
+sttail:
+	ANDQ $15, CX
+	JZ   stdone
+	TAILMASK
+	VMOVUPS.Z (SI)(BX*4), K1, Z0
+	VMULPS    Z0, Z31, Z0
+	VMOVUPS   Z0, K1, (DI)(BX*4)
+
+stdone:
+	VZEROUPPER
+	RET

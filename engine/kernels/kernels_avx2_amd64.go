@@ -40,6 +40,7 @@ var avx2Kernels = func() *Set {
 	ks.dot = dotAVX2w
 	ks.axpy = axpyAVX2w
 	ks.scale = scaleAVX2w
+	ks.scaleTo = scaleToAVX2w
 	ks.expSum = expSumAVX2w
 	ks.siluMul = siluMulAVX2w
 	ks.addWeighted = addWeightedAVX2w
@@ -255,6 +256,15 @@ func addWeightedAVX2w(out []float32, os int, p []float32, ps, nr int, v []float3
 	}
 }
 
+func scaleToAVX2w(dst, src []float32, alpha float32) {
+	dst = dst[:len(src)]
+	nv := len(src) &^ 7
+	if nv > 0 {
+		scaleToAVX2(&dst[0], &src[0], alpha, nv)
+	}
+	scaleToGo(dst[nv:], src[nv:], alpha)
+}
+
 func axpyAVX2w(y []float32, alpha float32, x []float32) {
 	x = x[:len(y)]
 	nv := len(y) &^ 7
@@ -318,6 +328,9 @@ func siluMulAVX2(gate *float32, up *float32, n int)
 
 //go:noescape
 func wsum4x16AVX2(p0, p1, p2, p3 *float32, v *float32, vs, n int, o0, o1, o2, o3 *float32)
+
+//go:noescape
+func scaleToAVX2(dst *float32, src *float32, alpha float32, n int)
 
 //go:noescape
 func fmaPeakAVX2(iters int)

@@ -1558,3 +1558,24 @@ ws16:
 	VMOVUPS Y7, 32(R14)
 	VZEROUPPER
 	RET
+
+// func scaleToAVX2(dst *float32, src *float32, alpha float32, n int)
+// dst[j] = src[j] * alpha; n % 8 == 0.
+TEXT ·scaleToAVX2(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	VBROADCASTSS alpha+16(FP), Y15
+	MOVQ         n+24(FP), CX
+	XORQ         BX, BX
+
+st8:
+	CMPQ    BX, CX
+	JAE     stdone
+	VMULPS  (SI)(BX*4), Y15, Y0
+	VMOVUPS Y0, (DI)(BX*4)
+	ADDQ    $8, BX
+	JMP     st8
+
+stdone:
+	VZEROUPPER
+	RET

@@ -73,6 +73,8 @@ type Set struct {
 	axpy func(y []float32, alpha float32, x []float32)
 	// scale multiplies y by alpha.
 	scale func(y []float32, alpha float32)
+	// scaleTo stores src[j]*alpha into dst[j]; len(dst) == len(src).
+	scaleTo func(dst, src []float32, alpha float32)
 	// expSum replaces x[j] with exp(x[j]-shift) and returns their sum;
 	// len(x) > 0.
 	expSum func(x []float32, shift float32) float32
@@ -105,6 +107,7 @@ var genericKernels = Set{
 	fp8ToF32:    fp8ToF32Go,
 	axpy:        axpyGo,
 	scale:       scaleGo,
+	scaleTo:     scaleToGo,
 	expSum:      expSumGo,
 	siluMul:     siluMulGo,
 	addWeighted: addWeightedGo,
@@ -248,6 +251,13 @@ func axpyGo(y []float32, alpha float32, x []float32) {
 func scaleGo(y []float32, alpha float32) {
 	for j := range y {
 		y[j] *= alpha
+	}
+}
+
+func scaleToGo(dst, src []float32, alpha float32) {
+	dst = dst[:len(src)]
+	for j, v := range src {
+		dst[j] = v * alpha
 	}
 }
 

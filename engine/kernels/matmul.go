@@ -165,9 +165,10 @@ func (c *mmCall) quantized(lo, hi int) {
 				s1 := min(hi, (s0/w.BlockRows+1)*w.BlockRows)
 				for t := t0; t < t1; t++ {
 					xt := xs[(t-t0)*cols : (t-t0+1)*cols]
-					copy(xt, c.x[t*cols:(t+1)*cols])
+					src := c.x[t*cols : (t+1)*cols]
 					for j := 0; j < cols; j += w.BlockCols {
-						c.ks.scale(xt[j:min(cols, j+w.BlockCols)], fp8Unit*w.scaleAt(s0, j))
+						e := min(cols, j+w.BlockCols)
+						c.ks.scaleTo(xt[j:e], src[j:e], fp8Unit*w.scaleAt(s0, j))
 					}
 				}
 				c.decode(xs, t0, t1, s0, s1)

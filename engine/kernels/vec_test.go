@@ -77,6 +77,17 @@ func TestAXPYAndScale(t *testing.T) {
 					t.Fatalf("%s scale(len %d): y[%d] = %g, want %g", ks.name, n, i, got[i], alpha*y[i])
 				}
 			}
+			got = make([]float32, n+1)
+			got[n] = 42
+			ks.scaleTo(got[:n], y[:n], alpha)
+			for i := range n {
+				if got[i] != alpha*y[i] {
+					t.Fatalf("%s scaleTo(len %d): dst[%d] = %g, want %g", ks.name, n, i, got[i], alpha*y[i])
+				}
+			}
+			if got[n] != 42 {
+				t.Fatalf("%s scaleTo(len %d) wrote past dst", ks.name, n)
+			}
 		}
 	}
 }
