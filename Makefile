@@ -30,10 +30,14 @@ deps:
 	@sh ./scripts/install-containerd.sh
 
 # Every package runs twice: once as it is, once under the race detector
-# with -short (which leaves out the slowest end-to-end cases).
+# with -short (which leaves out the slowest end-to-end cases); then the
+# engine's tests run again on emulated CPUs (an AVX2-only AMD EPYC 7001,
+# and a baseline x86-64 without AVX), so a test cannot pass on this CPU
+# and fail on another.
 test: deps lint
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race -short ./...
+	@GO=$(GO) sh ./scripts/test-cpus.sh
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./engine/... ./weightstore/...

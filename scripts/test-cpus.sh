@@ -1,0 +1,71 @@
+#!/bin/sh
+# Runs the engine's tests again on emulated CPUs (qemu-user from Debian's
+# packages): an AMD EPYC 7001 (Zen 1: AVX2, FMA and F16C, no AVX-512), on
+# which the avx2 kernel set is the fastest, and a baseline x86-64 without
+# AVX, on which only the portable set runs. So a test that passes on this
+# machine's CPU but would fail on another fails here, whatever CPU CI got.
+# Each package's test binary runs in its own directory under
+# `qemu-x86_64 -cpu NAME` with -test.short: the engine's packages on both
+# CPUs, weightstore/load (32 concurrent requests against each alone) on
+# the AVX2 one. About five minutes on 2 cores.
+#
+# Without qemu-user (and no way to install it) it prints one line and
+# succeeds, unless STOKE_REQUIRE_QEMU=1 (which .ci/run sets): then it fails.
+set -eu
+
+GO=${GO:-go}
+# Each run is PACKAGE:CPU[,CPU...].
+RUNS=${STOKE_CPU_TEST_RUNS:-"./engine/kernels:EPYC-v1,qemu64 ./engine/model:EPYC-v1,qemu64 ./engine/core:EPYC-v1,qemu64 ./weightstore/load:EPYC-v1"}
+
+cannot() {
+	if [ "${STOKE_REQUIRE_QEMU:-}" = 1 ]; then
+		echo "test-cpus.sh: $1; STOKE_REQUIRE_QEMU=1 requires qemu-user" >&2
+		exit 1
+	fi
+	echo "test-cpus.sh: $1 (the emulated-CPU tests did not run)" >&2
+	exit 0
+}
+
+if ! command -v qemu-x86_64 >/dev/null 2>&1; then
+	command -v apt-get >/dev/null 2>&1 || cannot "no qemu-x86_64 and no apt-get"
+	sudo=
+	if [ "$(id -u)" -ne 0 ]; then
+		if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+			sudo="sudo -n"
+		else
+			cannot "no qemu-x86_64, not root and no password-less sudo"
+		fi
+	fi
+	echo "installing qemu-user with apt-get"
+	log=$(mktemp)
+	if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends qemu-user ||
+		{ $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+			$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends qemu-user; }; } >"$log" 2>&1; then
+		cat "$log" >&2
+		rm -f "$log"
+		cannot "apt-get install qemu-user failed"
+	fi
+	rm -f "$log"
+	command -v qemu-x86_64 >/dev/null 2>&1 || cannot "apt-get installed qemu-user, but qemu-x86_64 is not on PATH"
+fi
+
+root=$(pwd)
+bins=$(mktemp -d)
+trap 'rm -rf "$bins"' EXIT
+status=0
+for run in $RUNS; do
+	pkg=${run%%:*}
+	name=$(echo "$pkg" | tr '/.' '__')
+	$GO test -c -o "$bins/$name.test" "$pkg"
+	for cpu in $(echo "${run#*:}" | tr ',' ' '); do
+		start=$(date +%s)
+		if (cd "$root/$pkg" && qemu-x86_64 -cpu "$cpu" "$bins/$name.test" -test.short -test.count=1 >"$bins/$name.$cpu.log" 2>&1); then
+			echo "ok  	$pkg	on emulated $cpu	$(($(date +%s) - start))s"
+		else
+			grep -v '^qemu-x86_64: warning' "$bins/$name.$cpu.log" | tail -40 >&2
+			echo "FAIL	$pkg	on emulated $cpu" >&2
+			status=1
+		fi
+	done
+done
+exit $status
