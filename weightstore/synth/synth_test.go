@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -220,94 +219,6 @@ func drain(b *testing.B, ctx context.Context, s *core.Stream, want int) {
 	}
 	if last.Err != nil || (want > 0 && n != want) {
 		b.Errorf("stream ended with %d tokens (want %d): %q %v", n, want, last.Finish, last.Err)
-	}
-}
-
-// BenchmarkDecode measures one-sequence decode on a synthetic model
-// (STOKE_BENCH_PRESET, default 100m): tokens/s and the weight bandwidth it
-// reaches, to compare with the machine's memory bandwidth.
-func BenchmarkDecode(b *testing.B) {
-	preset := benchPreset()
-	for _, d := range []dtype.DType{dtype.F32, dtype.BF16, dtype.F8E4M3} {
-		b.Run(preset+"/"+d.String(), func(b *testing.B) {
-			m := benchModel(b, preset, d)
-			var weightBytes int64
-			w := m.Weights()
-			for _, l := range w.Layers {
-				for _, mat := range []*kernels.Matrix{l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down} {
-					weightBytes += mat.WeightBytes()
-				}
-			}
-			weightBytes += w.LMHead.WeightBytes()
-			const ctx = 256
-			kv, _ := kvcache.New(m.KVShape(), ctx/kvcache.BlockSize)
-			mgr := kvcache.NewManager(kv.NumBlocks(), false)
-			if !mgr.Allocate(0, nil, ctx, nil, "") {
-				b.Fatalf("no kv blocks for %d tokens", ctx)
-			}
-			table := mgr.Table(0)
-			logits := make([]float32, m.Config().VocabSize)
-			batch := &model.Batch{Tokens: []int32{1}, Positions: []int32{0}, Seqs: []int32{0}, BlockTables: [][]int32{table}, LogitRows: []int{0}}
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				batch.Positions[0] = int32(i % ctx)
-				batch.Tokens[0] = int32(i % 100)
-				if err := m.Forward(batch, kv, logits); err != nil {
-					b.Fatal(err)
-				}
-			}
-			perToken := b.Elapsed().Seconds() / float64(b.N)
-			b.ReportMetric(1/perToken, "tokens/s")
-			b.ReportMetric(float64(weightBytes)/perToken/1e9, "weight-GB/s")
-		})
-	}
-}
-
-// BenchmarkEngineConcurrency measures generated tokens/s of the continuous
-// batching engine on a synthetic FP8 model (STOKE_BENCH_PRESET, default
-// 100m) at several concurrencies: the gain batching brings over one stream.
-func BenchmarkEngineConcurrency(b *testing.B) {
-	preset := benchPreset()
-	m := benchModel(b, preset, dtype.F8E4M3)
-	const maxTokens = 64
-	for _, concurrency := range []int{1, 4, 16, 64} {
-		b.Run(fmt.Sprintf("%s/concurrency=%d", preset, concurrency), func(b *testing.B) {
-			blocks := concurrency * 8
-			storage, err := kvcache.New(m.KVShape(), blocks)
-			if err != nil {
-				b.Fatal(err)
-			}
-			e, err := core.New(core.Config{Sched: sched.Config{MaxNumBatchedTokens: 2048, MaxNumSeqs: concurrency, MaxModelLen: 128}},
-				kvcache.NewManager(blocks, false), core.NewModelExecutor(m, storage), nil, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			go e.Run(ctx)
-			var wg sync.WaitGroup
-			sem := make(chan struct{}, concurrency)
-			b.ResetTimer()
-			for i := 0; i < b.N*concurrency; i++ {
-				sem <- struct{}{}
-				wg.Add(1)
-				go func() {
-					defer func() { <-sem; wg.Done() }()
-					prompt := make([]int32, 32)
-					for j := range prompt {
-						prompt[j] = int32((i*37 + j*11) % m.Config().VocabSize)
-					}
-					s, err := e.Submit(core.Params{Prompt: prompt, MaxTokens: maxTokens, Sampling: sample.Params{TopP: 1, Logprobs: -1}, IgnoreEOS: true})
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					drain(b, ctx, s, maxTokens)
-				}()
-			}
-			wg.Wait()
-			b.ReportMetric(float64(b.N*concurrency*maxTokens)/b.Elapsed().Seconds(), "tokens/s")
-		})
 	}
 }
 
