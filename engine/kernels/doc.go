@@ -46,8 +46,11 @@
 //     vector four W rows, or 1 x row × 4 W rows for single-sequence
 //     decode. Columns that do not fill a vector are handled with masked
 //     loads (AVX-512) or scalar code (AVX2).
-//   - BF16 and FP8 weights are decoded in registers as they stream in,
-//     never written back to memory: BF16 by widening to 32 bits and
+//   - In decode and small batches, BF16 and FP8 weights are decoded in
+//     registers as they stream in, never written back to memory; large
+//     products widen each quad of W rows into F32 scratch once and run
+//     the F32 tiles over it (Set.widenTiles: 7-9% faster FP8 prefill on
+//     AVX-512, twice as fast on AVX2). BF16 is decoded by widening to 32 bits and
 //     shifting left 16; FP8 E4M3FN by sign-extending each byte to a word,
 //     shifting left 7 and masking with 0xBF80, which yields the IEEE half
 //     equal to the FP8 value / 256 (subnormals included), widened by
@@ -70,23 +73,23 @@
 //     is 1.5-3x faster than one tile call per 4x4 block without prefetch
 //     (BenchmarkBatchStream); from four x rows on, one core is limited by
 //     the FMA throughput of the 4x4 tile rather than by memory.
-//   - x is processed in blocks that stay in L2 while W streams past; for
-//     large F32 products the columns are also blocked so that a 4-row W
-//     tile stays in L1.
+//   - x is processed in blocks that stay in L2 while W streams past, a
+//     quad of W rows at a time staying in L1 while every x tile of the
+//     block uses it. Columns are not blocked (see above).
 //   - Attention reads the paged KV cache in place, one 16-position block
-//     at a time: [MulRows] multiplies a run of queries with the block's
+//     at a time: [Pool.MulRows] multiplies a run of queries with the block's
 //     keys (the small-batch kernels, at the cache's row stride), and
-//     [AddWeightedRows] adds the block's values weighed by each query's
+//     [Pool.AddWeightedRows] adds the block's values weighed by each query's
 //     softmax, broadcasting one weight over 64 columns of four query rows
 //     per step, so values are neither transposed nor summed across lanes.
-//     [ExpSum] and [SiLUMul] evaluate exp 16 lanes at a time (a Cephes
-//     polynomial scaled by VSCALEFPS), for the softmax and for SwiGLU.
+//     [Pool.ExpSum] and [Pool.SiLUMul] evaluate exp 16 lanes at a time (a Cephes
+//     polynomial scaled by VSCALEFPS; on AVX2, 8 lanes, the exponent
+//     added to the bits), for the softmax and for SwiGLU.
 //
-// The avx2 set has 16 vector registers instead of 32: its 4x4 tiles run
-// as two 2x4 passes, its small-batch kernels take two x rows at a time,
-// and large BF16 and FP8 products widen each quad of W rows into F32
-// scratch once and run the F32 tiles (Set.widenTiles), since decoding in
-// registers would cost as much as the FMAs it feeds.
+// The avx2 set has 16 vector registers instead of 32: its tiles are 2x4,
+// run down a whole column of x rows per call, its small-batch kernels take
+// two x rows at a time and serve batches up to 8 (FP8) or 16 tokens, past
+// which widening W once beats decoding it for every pair of x rows.
 //
 // On the 2-core Zen 4 development machine one core reaches about 90-100
 // GFLOP/s on F32 prefill (peak 117), and decode streams weights at close

@@ -129,11 +129,11 @@ func tiles[T any](dot4x4 func(x []float32, xs int, w []T, ws, k int, out []float
 	}
 }
 
-// quantized computes BF16 and FP8 products with kernels that decode W in
-// registers as they stream it, each decoded vector serving up to four x
-// rows. (Dequantising W tiles into F32 scratch for the F32 kernels was
-// measured slower at every n up to 256.) The x rows are taken xBlockBytes
-// at a time.
+// quantized computes BF16 and FP8 products: small batches with kernels
+// that decode W in registers as they stream it, large ones through tiles
+// (for the sets with widenTiles, F32 tiles over W widened a quad at a
+// time). FP8 scales multiply the outputs, or for block scales a scaled
+// copy of x. The x rows are taken xBlockBytes at a time.
 func (c *mmCall) quantized(lo, hi int) {
 	w := c.w
 	cols := w.Cols

@@ -530,3 +530,35 @@ func testSplitInvariant(t *testing.T, ks *Set) {
 		p.Close()
 	}
 }
+
+// TestWidenedTilesMatchDecodedTiles checks what Set.widenTiles relies on:
+// widening BF16 and FP8 rows into F32 and running the F32 tiles gives the
+// same bits as the set's tiles that decode W in registers.
+func TestWidenedTilesMatchDecodedTiles(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 8))
+	for _, ks := range kernelSets() {
+		if !ks.widenTiles {
+			continue
+		}
+		decoded := *ks
+		decoded.widenTiles = false
+		for _, k := range weightKinds[1:] {
+			for _, shape := range [][3]int{{70, 130, 300}, {133, 9, 1031}} {
+				n, rows, cols := shape[0], shape[1], shape[2]
+				w := newMatrix(rng, k, rows, cols)
+				x := randomVector(rng, n*cols)
+				got, want := make([]float32, n*rows), make([]float32, n*rows)
+				p, q := newPool(2, ks), newPool(2, &decoded)
+				p.MatMul(got, x, n, w)
+				q.MatMul(want, x, n, w)
+				p.Close()
+				q.Close()
+				for i := range got {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s %s n=%d %dx%d: out[%d] = %v widened, %v decoded in registers", ks.name, k.name, n, rows, cols, i, got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}
