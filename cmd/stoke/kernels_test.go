@@ -61,10 +61,12 @@ func stokeProcess(t *testing.T, env []string, limit time.Duration, args ...strin
 // generate` at startup with exit status 1 and one line of error.
 func TestKernelsStartupErrors(t *testing.T) {
 	dir := t.TempDir()
-	// Neither command gets far enough to need a model: the kernel set is
-	// checked first, and a blank engine would otherwise start listening.
+	// No command gets far enough to need a model: the kernel set is
+	// checked first, and a blank engine or serve would otherwise start
+	// listening.
 	generate := []string{"generate", "--model", filepath.Join(dir, "no-model"), "--prompt-ids", "1"}
 	engine := []string{"engine", "--blank", "--listen", "unix://" + filepath.Join(dir, "e.sock")}
+	serve := []string{"serve", "--data", filepath.Join(dir, "data"), "--listen", "127.0.0.1:0"}
 	type tc struct {
 		name string
 		env  []string
@@ -72,7 +74,7 @@ func TestKernelsStartupErrors(t *testing.T) {
 		want string
 	}
 	var cases []tc
-	for _, cmd := range [][]string{generate, engine} {
+	for _, cmd := range [][]string{generate, engine, serve} {
 		cases = append(cases,
 			tc{cmd[0] + "/flag unknown", nil, append(slices.Clone(cmd), "--kernels", "sse9"), `--kernels: unknown kernel set "sse9"`},
 			tc{cmd[0] + "/env unknown", []string{kernels.EnvKernels + "=sse9"}, cmd, kernels.EnvKernels + `: unknown kernel set "sse9"`},

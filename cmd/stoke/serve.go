@@ -31,7 +31,7 @@ import (
 
 type serveFlags struct {
 	listen, data, bucketURL, sleepBudget, weightArena, kvMemory string
-	simProfile, routing, cacheMaxSize                           string
+	simProfile, routing, cacheMaxSize, kernels                  string
 	slots, warm, maxNumSeqs, threads                            int
 	interval, quiet, drain                                      time.Duration
 	prefetch                                                    bool
@@ -62,6 +62,7 @@ API. With no flags it listens on 127.0.0.1:8080 and keeps everything under
 	fl.StringVar(&f.kvMemory, "kv-cache-memory", "512MiB", "KV cache of every runtime")
 	fl.IntVar(&f.maxNumSeqs, "max-num-seqs", 256, "requests one runtime runs at once")
 	fl.IntVar(&f.threads, "threads", 0, "compute threads of every runtime (0 = all cores)")
+	addKernelsFlag(fl, &f.kernels)
 	fl.DurationVar(&f.interval, "watch-interval", watch.DefaultInterval, "time between two scans of the bucket")
 	fl.DurationVar(&f.quiet, "quiet", watch.DefaultQuiet, "how long a plain upload must stay unchanged before it is deployed")
 	fl.DurationVar(&f.drain, "drain-timeout", 30*time.Second, "how long SIGTERM waits for requests in flight")
@@ -74,6 +75,11 @@ API. With no flags it listens on 127.0.0.1:8080 and keeps everything under
 }
 
 func runServe(ctx context.Context, f serveFlags) error {
+	// The runtimes compute; a set they could not run must stop serve
+	// before it starts them, not fail every load later.
+	if _, err := selectKernels(f.kernels); err != nil {
+		return err
+	}
 	sleepBudget, err := sizeFlag("sleep-budget", f.sleepBudget, 0, maxSize)
 	if err != nil {
 		return err
@@ -126,6 +132,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	engineArgs := []string{"--kv-cache-memory", f.kvMemory, "--max-num-seqs", fmt.Sprint(f.maxNumSeqs), "--threads", fmt.Sprint(f.threads),
 		"--cache-dir", filepath.Join(data, "cache"), "--cache-max-size", fmt.Sprint(cacheMax)}
+	if f.kernels != "" {
+		engineArgs = append(engineArgs, "--kernels", f.kernels)
+	}
 	if f.simProfile != "" {
 		engineArgs = append(engineArgs, "--sim", "--sim-profile", f.simProfile)
 	}
