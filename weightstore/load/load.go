@@ -160,9 +160,8 @@ func (o Options) serve(name string, ck *checkpoint.Checkpoint, parsed func() (*t
 	if ks == nil {
 		var err error
 		if ks, err = kernels.Default(); err != nil {
-			parsed()
-			release()
-			return nil, err
+			parsed() // the tokenizer parse reads the weights' memory: let it finish first
+			return nil, errors.Join(err, release())
 		}
 	}
 	pool := ks.NewPool(o.Threads)
