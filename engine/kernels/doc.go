@@ -86,8 +86,9 @@
 //     polynomial scaled by VSCALEFPS; on AVX2, 8 lanes, the exponent
 //     added to the bits), for the softmax and for SwiGLU.
 //
-// The avx2 set has 16 vector registers instead of 32: its tiles are 2x4,
-// run down a whole column of x rows per call, its small-batch kernels take
+// The avx2 set has 16 vector registers instead of 32: its tiles are 4x3
+// (twelve accumulators, so the FMA units never wait on one), run down a
+// whole column of x rows per call, its small-batch kernels take
 // two x rows at a time and serve batches up to 8 (FP8) or 16 tokens, past
 // which widening W once beats decoding it for every pair of x rows.
 //

@@ -32,7 +32,7 @@ var avx2Kernels = func() *Set {
 	// from these batch sizes on, decoding W once into F32 and running the
 	// F32 tiles beats decoding it in registers for every two x rows.
 	ks.gemmMax = batchLimits{f32: 16, bf16: 16, fp8: 8}
-	ks.f32TileRun = f32TileRunAVX2w
+	ks.f32TileRun = f32TilesAVX2w
 	ks.widenTiles = true
 	ks.fmaPeak, ks.flopsPerIter = fmaPeakAVX2, 12*8*2
 	ks.bf16ToF32 = bf16ToF32AVX2w
@@ -176,6 +176,55 @@ func f32TileRunAVX2w(x []float32, xs, nx int, w []float32, ws, k int, out []floa
 		avx2F32.gemvK(&x[t*xs], &w[0], ws, kv, 1, &out[t*os], 0, false)
 	}
 	avx2F32.addTails(x, xs, nx, w, ws, kv, k, 4, out, os)
+}
+
+// f32TilesAVX2w stores the products of nx x rows with nw W rows, each W
+// group staying in L1 while every x row streams past it: W rows three at
+// a time (4x3 tiles, whose twelve accumulators leave the FMA units slack),
+// after one or two quads (2x4 tiles) so that the rest divides by three;
+// rows left past those (nw of 1, 2 or 5) run as quads of one row.
+func f32TilesAVX2w(x []float32, xs, nx int, w []float32, ws, k, nw int, out []float32, os int) {
+	q := [3]int{0, 1, 2}[nw%3]
+	if 4*q > nw {
+		q = nw / 4
+	}
+	r := 0
+	for ; r < 4*q; r += 4 {
+		f32TileRunAVX2w(x, xs, nx, w[r*ws:], ws, k, out[r:], os)
+	}
+	for ; r+3 <= nw; r += 3 {
+		f32Tile4x3AVX2w(x, xs, nx, w[r*ws:], ws, k, out[r:], os)
+	}
+	for ; r < nw; r++ {
+		for t := range nx {
+			avx2F32.gemv(x[t*xs:], w[r*ws:], ws, k, 1, out[t*os+r:])
+		}
+	}
+}
+
+// f32Tile4x3AVX2w stores the products of nx x rows with three W rows:
+// x rows four at a time in one assembly call, the rest as quads of one
+// W row each.
+func f32Tile4x3AVX2w(x []float32, xs, nx int, w []float32, ws, k int, out []float32, os int) {
+	_, _, _ = x[(nx-1)*xs+k-1], w[2*ws+k-1], out[(nx-1)*os+2]
+	kv, quads := k&^7, nx/4
+	if kv == 0 {
+		for t := range nx {
+			clear(out[t*os : t*os+3])
+		}
+	} else {
+		if quads > 0 {
+			f32Tile4x3RunAVX2(&x[0], xs, quads, &w[0], ws, kv, &out[0], os)
+		}
+		for t := 4 * quads; t < nx; t++ {
+			for r := range 3 {
+				var one [4]float32
+				f32GemvAVX2(&x[t*xs], &w[r*ws], 0, kv, 1, &one[0], 0, false)
+				out[t*os+r] = one[0]
+			}
+		}
+	}
+	avx2F32.addTails(x, xs, nx, w, ws, kv, k, 3, out, os)
 }
 
 // dot1x4 stores the products of one x row with four W rows.
@@ -331,6 +380,9 @@ func wsum4x16AVX2(p0, p1, p2, p3 *float32, v *float32, vs, n int, o0, o1, o2, o3
 
 //go:noescape
 func scaleToAVX2(dst *float32, src *float32, alpha float32, n int)
+
+//go:noescape
+func f32Tile4x3RunAVX2(x *float32, xs, quads int, w *float32, ws, k int, out *float32, os int)
 
 //go:noescape
 func fmaPeakAVX2(iters int)

@@ -51,10 +51,10 @@ type Set struct {
 	// gemmMax is the largest batch, per weight type, that runs through
 	// the small-batch kernels above; larger ones run through the tiles.
 	gemmMax batchLimits
-	// f32TileRun, where a set has it, stores the products of nx x rows
-	// (stride xs) with four W rows into out[t*os+r] in one call: the
-	// column of 4x4 tiles of one quad.
-	f32TileRun func(x []float32, xs, nx int, w []float32, ws, k int, out []float32, os int)
+	// f32TileRun, where a set has it, replaces the F32 tiles: it stores
+	// the products of nx x rows (stride xs) with nw W rows (stride ws)
+	// into out[t*os+r], tiling them its own way.
+	f32TileRun func(x []float32, xs, nx int, w []float32, ws, k, nw int, out []float32, os int)
 	// widenTiles makes large BF16 and FP8 products widen each quad of W
 	// rows into F32 once and run the F32 tiles, instead of the set's
 	// BF16 and FP8 tiles (for sets where decoding in registers costs more

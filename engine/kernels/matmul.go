@@ -99,19 +99,19 @@ func (c *mmCall) f32(lo, hi int) {
 // tiles stores the products of x rows [t0, t1) with W rows [lo, hi)
 // through 4x4 tiles, 1x4 tiles for the x rows past the last quad of them,
 // and for the W rows past the last quad, 1x4 tiles of one row repeated
-// (stride 0): every output is summed as the quads' are. A set's run
-// kernel, where it has one, does all the x rows of a quad in one call.
+// (stride 0): every output is summed as the quads' are. A set's own
+// tiling (run), where it has one, does all of it instead.
 func tiles[T any](dot4x4 func(x []float32, xs int, w []T, ws, k int, out []float32, os int),
 	dot1x4 func(x []float32, w []T, ws, k int, out []float32),
-	run func(x []float32, xs, nx int, w []T, ws, k int, out []float32, os int),
+	run func(x []float32, xs, nx int, w []T, ws, k, nw int, out []float32, os int),
 	x []float32, t0, t1 int, w []T, rows, cols, lo, hi int, out []float32) {
+	if run != nil {
+		run(x[t0*cols:], cols, t1-t0, w[lo*cols:], cols, cols, hi-lo, out[t0*rows+lo:], rows)
+		return
+	}
 	i := lo
 	for ; i+4 <= hi; i += 4 {
 		wt := w[i*cols:]
-		if run != nil {
-			run(x[t0*cols:], cols, t1-t0, wt, cols, cols, out[t0*rows+i:], rows)
-			continue
-		}
 		t := t0
 		for ; t+4 <= t1; t += 4 {
 			dot4x4(x[t*cols:], cols, wt, cols, cols, out[t*rows+i:], rows)
@@ -211,19 +211,23 @@ func (c *mmCall) decode(x []float32, t0, t1, lo, hi int) {
 	}
 }
 
+// widenRows is how many W rows widenedTiles widens at a time: whole
+// quads, and whole triples for tilings that take W rows three at a time.
+const widenRows = 12
+
 // widenedTiles is the tile path of decode for sets whose F32 tiles beat
-// decoding in registers: each quad of W rows is widened once into F32
+// decoding in registers: every widenRows W rows are widened once into F32
 // scratch (FP8 at 1/256 of its value, as the kernels decode it) and
 // multiplied by every x row through the F32 tiles. Widening is exact, so
 // the products are the same bits as the set's BF16 and FP8 kernels give.
 func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
 	ks, w := c.ks, c.w
 	rows, cols := w.Rows, w.Cols
-	b := c.p.getScratch(4 * cols)
+	b := c.p.getScratch(widenRows * cols)
 	defer c.p.putScratch(b)
 	quad := *b
-	for i := lo; i < hi; i += 4 {
-		nr := min(4, hi-i)
+	for i := lo; i < hi; i += widenRows {
+		nr := min(widenRows, hi-i)
 		for r := range nr {
 			row := (i + r) * cols
 			if w.DType == dtype.BF16 {
