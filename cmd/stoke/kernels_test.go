@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -150,12 +149,7 @@ func TestEngineReportsKernels(t *testing.T) {
 // serves /metrics, and returns that page and the engine's log so far.
 func engineMetrics(t *testing.T, env []string, args ...string) (metrics, log string) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeAddr(t)
 	cmd := exec.Command(os.Args[0], append([]string{"engine", "--blank", "--listen", addr}, args...)...)
 	cmd.Env = append(append(os.Environ(), runMainEnv+"=1"), env...)
 	logPath := filepath.Join(t.TempDir(), "engine.log")

@@ -26,16 +26,22 @@ import (
 	"github.com/stokehq/stoke/weightstore/synth"
 )
 
-// startServe runs `stoke serve` as its own process (its runtimes are
-// processes of this test binary too) and returns its base URL.
-func startServe(t testing.TB, env []string, args ...string) string {
+// freeAddr returns a loopback address no one listens on just now.
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startServe runs `stoke serve` as its own process (its runtimes are
+// processes of this test binary too) and returns its base URL.
+func startServe(t testing.TB, env []string, args ...string) string {
+	t.Helper()
+	addr := freeAddr(t)
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", addr}, args...)...)
 	cmd.Env = append(append(os.Environ(), runMainEnv+"=1"), env...)
 	logPath := filepath.Join(t.TempDir(), "serve.log")
