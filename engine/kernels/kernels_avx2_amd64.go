@@ -16,7 +16,7 @@ var avx2Kernels = func() *Set {
 	}
 	ks := genericKernels
 	ks.name = "avx2"
-	ks.f32Dot4x4 = avx2F32.tile4x4
+	ks.f32Dot4x4 = nil // f32TileRun tiles every F32 product
 	ks.f32Dot1x4 = avx2F32.dot1x4
 	ks.bf16Dot4x4 = avx2BF16.tile4x4
 	ks.bf16Dot1x4 = avx2BF16.dot1x4
@@ -51,7 +51,8 @@ var avx2Kernels = func() *Set {
 type weight interface{ float32 | uint16 | uint8 }
 
 // avx2Ops are one weight type's AVX2 kernels, for k a multiple of 8, and
-// the decoding of its tail columns (raw for FP8, as in the assembly).
+// the decoding of its tail columns (raw for FP8, as in the assembly). F32
+// has no 2x4 tile (tileK): its tiles are f32TilesAVX2w.
 type avx2Ops[T weight] struct {
 	size  int
 	gemvK func(x *float32, w *T, ws, k, quads int, out *float32, pf int, far bool)
@@ -61,7 +62,7 @@ type avx2Ops[T weight] struct {
 }
 
 var (
-	avx2F32  = &avx2Ops[float32]{4, f32GemvAVX2, f32Gemm2AVX2, f32Dot2x4AVX2, func(v float32) float32 { return v }}
+	avx2F32  = &avx2Ops[float32]{4, f32GemvAVX2, f32Gemm2AVX2, nil, func(v float32) float32 { return v }}
 	avx2BF16 = &avx2Ops[uint16]{2, bf16GemvAVX2, bf16Gemm2AVX2, bf16Dot2x4AVX2, bf16}
 	avx2FP8  = &avx2Ops[uint8]{1, fp8GemvAVX2, fp8Gemm2AVX2, fp8Dot2x4AVX2, func(b uint8) float32 { return fp8Raw[b] }}
 )
@@ -159,23 +160,22 @@ func (o *avx2Ops[T]) tile4x4(x []float32, xs int, w []T, ws, k int, out []float3
 }
 
 // f32TileRunAVX2w stores the products of nx x rows with four W rows, two
-// x rows at a time in one assembly call (F32 only: the set widens BF16
-// and FP8 before it tiles them).
+// x rows at a time in one assembly call, an odd last row as a GEMV (F32
+// only: the set widens BF16 and FP8 before it tiles them).
 func f32TileRunAVX2w(x []float32, xs, nx int, w []float32, ws, k int, out []float32, os int) {
 	_, _, _ = x[(nx-1)*xs+k-1], w[3*ws+k-1], out[(nx-1)*os+3]
 	kv, pairs := k&^7, nx/2
-	if kv == 0 {
-		for t := range nx {
+	if kv > 0 && pairs > 0 {
+		f32TileRunAVX2(&x[0], xs, pairs, &w[0], ws, kv, &out[0], os)
+	} else {
+		for t := range 2 * pairs {
 			clear(out[t*os : t*os+4])
 		}
-	} else if pairs > 0 {
-		f32TileRunAVX2(&x[0], xs, pairs, &w[0], ws, kv, &out[0], os)
 	}
-	if kv > 0 && nx%2 == 1 {
-		t := nx - 1
-		avx2F32.gemvK(&x[t*xs], &w[0], ws, kv, 1, &out[t*os], 0, false)
+	avx2F32.addTails(x, xs, 2*pairs, w, ws, kv, k, 4, out, os)
+	if nx%2 == 1 {
+		avx2F32.gemv(x[(nx-1)*xs:], w, ws, k, 4, out[(nx-1)*os:])
 	}
-	avx2F32.addTails(x, xs, nx, w, ws, kv, k, 4, out, os)
 }
 
 // f32TilesAVX2w stores the products of nx x rows with nw W rows, each W
@@ -203,28 +203,21 @@ func f32TilesAVX2w(x []float32, xs, nx int, w []float32, ws, k, nw int, out []fl
 }
 
 // f32Tile4x3AVX2w stores the products of nx x rows with three W rows:
-// x rows four at a time in one assembly call, the rest as quads of one
-// W row each.
+// x rows four at a time in one assembly call, the rest as GEMVs.
 func f32Tile4x3AVX2w(x []float32, xs, nx int, w []float32, ws, k int, out []float32, os int) {
 	_, _, _ = x[(nx-1)*xs+k-1], w[2*ws+k-1], out[(nx-1)*os+2]
 	kv, quads := k&^7, nx/4
-	if kv == 0 {
-		for t := range nx {
+	if kv > 0 && quads > 0 {
+		f32Tile4x3RunAVX2(&x[0], xs, quads, &w[0], ws, kv, &out[0], os)
+	} else {
+		for t := range 4 * quads {
 			clear(out[t*os : t*os+3])
 		}
-	} else {
-		if quads > 0 {
-			f32Tile4x3RunAVX2(&x[0], xs, quads, &w[0], ws, kv, &out[0], os)
-		}
-		for t := 4 * quads; t < nx; t++ {
-			for r := range 3 {
-				var one [4]float32
-				f32GemvAVX2(&x[t*xs], &w[r*ws], 0, kv, 1, &one[0], 0, false)
-				out[t*os+r] = one[0]
-			}
-		}
 	}
-	avx2F32.addTails(x, xs, nx, w, ws, kv, k, 3, out, os)
+	avx2F32.addTails(x, xs, 4*quads, w, ws, kv, k, 3, out, os)
+	for t := 4 * quads; t < nx; t++ {
+		avx2F32.gemv(x[t*xs:], w, ws, k, 3, out[t*os:])
+	}
 }
 
 // dot1x4 stores the products of one x row with four W rows.
@@ -332,9 +325,6 @@ func scaleAVX2w(y []float32, alpha float32) {
 }
 
 // Implemented in kernels_avx2_amd64.s; k and n are multiples of 8.
-
-//go:noescape
-func f32Dot2x4AVX2(x *float32, xs int, w *float32, ws int, k int, out *float32, os int)
 
 //go:noescape
 func bf16Dot2x4AVX2(x *float32, xs int, w *uint16, ws int, k int, out *float32, os int)

@@ -3,14 +3,15 @@
 #include "textflag.h"
 
 // AVX2+FMA+F16C kernels for CPUs without AVX-512. Vectors are 8 float32 in
-// a ymm register; there are only 16 of them, so 4x4 tiles run as two 2x4
-// passes. Every kernel handles k (or n) rounded down to a multiple of 8;
+// a ymm register; there are only 16 of them, so tiles are 4x3 or 2x4.
+// Every kernel handles k (or n) rounded down to a multiple of 8;
 // the Go wrappers add the remaining columns. Decoding is as in the AVX-512
 // kernels (see kernels_amd64.s).
 //
-// Every kernel that produces a row's dot product (2x4 tiles, GEMV, GEMM2)
-// sums it in the same order: one accumulator per output, 8-column blocks
-// in sequence, then HSUM4's tree; the Go wrappers then add the last k%8
+// Every kernel that produces a row's dot product (4x3 and 2x4 tiles, GEMV,
+// GEMM2) sums it in the same order: one accumulator per output, 8-column
+// blocks in sequence, then HSUM4's tree (a 4x3 tile passes its third
+// accumulator twice, which sums it by the same tree); the Go wrappers then add the last k%8
 // columns in order. So a product does not depend on the batch it is in,
 // the tile that computed it or the thread that ran it.
 
@@ -97,28 +98,6 @@
 	op(X4, (DI)(DX*1))
 
 #define STORE(x, mem) VMOVUPS x, mem
-
-// func f32Dot2x4AVX2(x *float32, xs int, w *float32, ws int, k int, out *float32, os int)
-// out[t*os+r] = Σ_j x[t*xs+j] * w[r*ws+j] for t < 2, r < 4; k % 8 == 0.
-TEXT ·f32Dot2x4AVX2(SB), NOSPLIT, $0-56
-	ROWS2x4(2)
-	ZERO8Y
-	XORQ BX, BX
-
-f24loop:
-	VMOVUPS (SI)(BX*4), Y8
-	VMOVUPS (R9)(BX*4), Y9
-	VMOVUPS (DI)(BX*4), Y10
-	VMOVUPS (R12)(BX*4), Y11
-	VMOVUPS (R13)(BX*4), Y12
-	VMOVUPS (R8)(BX*4), Y13
-	F24FMA
-	ADDQ    $8, BX
-	CMPQ    BX, CX
-	JB      f24loop
-	OUT2x4(STORE)
-	VZEROUPPER
-	RET
 
 // func bf16Dot2x4AVX2(x *float32, xs int, w *uint16, ws int, k int, out *float32, os int)
 // out[t*os+r] = Σ_j x[t*xs+j] * bf16(w[r*ws+j]) for t < 2, r < 4; k % 8 == 0.

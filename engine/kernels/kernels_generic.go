@@ -17,7 +17,8 @@ import (
 // precision at 1/256 of its value), and the caller multiplies by 256·scale.
 type Set struct {
 	name string
-	// f32Dot4x4 stores Σ_j x[t*xs+j]*w[r*ws+j] into out[t*os+r] for t, r < 4.
+	// f32Dot4x4 stores Σ_j x[t*xs+j]*w[r*ws+j] into out[t*os+r] for t, r < 4
+	// (nil where f32TileRun does the tiling).
 	f32Dot4x4 func(x []float32, xs int, w []float32, ws, k int, out []float32, os int)
 	// f32Dot1x4 stores Σ_j x[j]*w[r*ws+j] into out[r] for r < 4. With
 	// ws = 0 it sums one row (four times), in the order of every quad.
@@ -55,10 +56,10 @@ type Set struct {
 	// the products of nx x rows (stride xs) with nw W rows (stride ws)
 	// into out[t*os+r], tiling them its own way.
 	f32TileRun func(x []float32, xs, nx int, w []float32, ws, k, nw int, out []float32, os int)
-	// widenTiles makes large BF16 and FP8 products widen each quad of W
-	// rows into F32 once and run the F32 tiles, instead of the set's
-	// BF16 and FP8 tiles (for sets where decoding in registers costs more
-	// than the FMAs it feeds).
+	// widenTiles makes large BF16 and FP8 products widen W into F32 a few
+	// rows at a time and run the F32 tiles over them, instead of the
+	// set's BF16 and FP8 tiles (for sets where decoding in registers costs
+	// more than the FMAs it feeds).
 	widenTiles bool
 	// fmaPeak, where a set has it, runs iters iterations of flopsPerIter
 	// floating-point operations of independent FMAs and nothing else: the

@@ -17,14 +17,9 @@ const (
 	minParallelMACs = 1 << 16
 	// xBlockBytes bounds the block of x rows kept in L2 while a thread
 	// streams its share of W past it; W is read from memory once per
-	// block.
+	// block. Columns are never split into blocks: that would make the
+	// order an output is summed in depend on the batch size.
 	xBlockBytes = 512 << 10
-	// kBlock: when all of x exceeds xBlockBytes, F32 products process
-	// kBlock columns at a time, so more x rows fit in a block and the
-	// 4-row W tile stays in L1 while every x tile of the block uses it.
-	// Small x is not split by columns: W then streams in whole rows,
-	// which the hardware prefetchers handle fastest.
-	kBlock = 1024
 	// gemmChunkBytes bounds the W rows that the small-batch kernels
 	// multiply by each group of four x rows in turn: the first group
 	// streams them from memory, the others find them in cache.
@@ -75,8 +70,7 @@ func (c *mmCall) rows(lo, hi int) {
 }
 
 // f32 runs the F32 kernels: GEMV for one x row, the small-batch kernels
-// for a few, else register-blocked tiles of 4 x rows × 4 W rows over
-// blocks of x rows.
+// for a few, else register-blocked tiles over blocks of x rows.
 func (c *mmCall) f32(lo, hi int) {
 	ks, x, out, n := c.ks, c.x, c.out, c.n
 	rows, cols := c.w.Rows, c.w.Cols
@@ -131,8 +125,8 @@ func tiles[T any](dot4x4 func(x []float32, xs int, w []T, ws, k int, out []float
 
 // quantized computes BF16 and FP8 products: small batches with kernels
 // that decode W in registers as they stream it, large ones through tiles
-// (for the sets with widenTiles, F32 tiles over W widened a quad at a
-// time). FP8 scales multiply the outputs, or for block scales a scaled
+// (for the sets with widenTiles, F32 tiles over W widened widenRows rows
+// at a time). FP8 scales multiply the outputs, or for block scales a scaled
 // copy of x. The x rows are taken xBlockBytes at a time.
 func (c *mmCall) quantized(lo, hi int) {
 	w := c.w
@@ -225,18 +219,18 @@ func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
 	rows, cols := w.Rows, w.Cols
 	b := c.p.getScratch(widenRows * cols)
 	defer c.p.putScratch(b)
-	quad := *b
+	wide := *b
 	for i := lo; i < hi; i += widenRows {
 		nr := min(widenRows, hi-i)
 		for r := range nr {
 			row := (i + r) * cols
 			if w.DType == dtype.BF16 {
-				ks.bf16ToF32(quad[r*cols:(r+1)*cols], w.BF16[row:row+cols])
+				ks.bf16ToF32(wide[r*cols:(r+1)*cols], w.BF16[row:row+cols])
 			} else {
-				ks.fp8ToF32(quad[r*cols:(r+1)*cols], w.FP8[row:row+cols], 1)
+				ks.fp8ToF32(wide[r*cols:(r+1)*cols], w.FP8[row:row+cols], 1)
 			}
 		}
-		tiles(ks.f32Dot4x4, ks.f32Dot1x4, ks.f32TileRun, x, 0, n, quad, rows, cols, 0, nr, out[i:])
+		tiles(ks.f32Dot4x4, ks.f32Dot1x4, ks.f32TileRun, x, 0, n, wide, rows, cols, 0, nr, out[i:])
 	}
 }
 

@@ -11,8 +11,8 @@ import (
 // Threads()-1 worker goroutines started by NewPool (none when Threads() is 1).
 // A Pool is safe for concurrent use; each call splits its own work and waits
 // for it. Callers own their pools, so two engines in one process never share
-// hidden state. A nil or zero Pool runs everything on the caller's goroutine, with the
-// default kernel set.
+// hidden state. A nil or zero Pool runs everything on the caller's
+// goroutine, with the default kernel set.
 type Pool struct {
 	threads int
 	ks      *Set
