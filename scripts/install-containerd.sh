@@ -25,29 +25,10 @@ cannot() {
 if command -v containerd >/dev/null 2>&1 && command -v runc >/dev/null 2>&1; then
 	exit 0
 fi
-if ! command -v apt-get >/dev/null 2>&1; then
-	cannot "no apt-get here; install containerd and runc by hand"
-fi
-
-sudo=
-if [ "$(id -u)" -ne 0 ]; then
-	if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-		sudo="sudo -n"
-	else
-		cannot "not root and no password-less sudo; install containerd and runc by hand"
-	fi
-fi
-
-echo "installing containerd and runc with apt-get"
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
 # Whether the package starts a containerd service does not matter: the
-# tests run their own. apt-get update only when the plain install fails.
-if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends containerd runc ||
-	{ $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
-		$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends containerd runc; }; } >"$log" 2>&1; then
-	cat "$log" >&2
-	cannot "apt-get install containerd runc failed"
+# tests run their own.
+if ! sh "$(dirname "$0")/apt-install.sh" containerd runc; then
+	cannot "could not install containerd and runc (see above)"
 fi
 if ! command -v containerd >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1; then
 	cannot "apt-get installed containerd and runc, but they are not on PATH"

@@ -27,25 +27,9 @@ cannot() {
 }
 
 if ! command -v qemu-x86_64 >/dev/null 2>&1; then
-	command -v apt-get >/dev/null 2>&1 || cannot "no qemu-x86_64 and no apt-get"
-	sudo=
-	if [ "$(id -u)" -ne 0 ]; then
-		if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-			sudo="sudo -n"
-		else
-			cannot "no qemu-x86_64, not root and no password-less sudo"
-		fi
+	if ! sh "$(dirname "$0")/apt-install.sh" qemu-user; then
+		cannot "could not install qemu-user (see above)"
 	fi
-	echo "installing qemu-user with apt-get"
-	log=$(mktemp)
-	if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends qemu-user ||
-		{ $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
-			$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends qemu-user; }; } >"$log" 2>&1; then
-		cat "$log" >&2
-		rm -f "$log"
-		cannot "apt-get install qemu-user failed"
-	fi
-	rm -f "$log"
 	command -v qemu-x86_64 >/dev/null 2>&1 || cannot "apt-get installed qemu-user, but qemu-x86_64 is not on PATH"
 fi
 
