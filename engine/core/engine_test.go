@@ -12,6 +12,7 @@ import (
 
 	"github.com/stokehq/stoke/engine/generate"
 	"github.com/stokehq/stoke/engine/kernels"
+	"github.com/stokehq/stoke/engine/kernels/kernelstest"
 	"github.com/stokehq/stoke/engine/kvcache"
 	"github.com/stokehq/stoke/engine/model"
 	"github.com/stokehq/stoke/engine/sample"
@@ -101,17 +102,8 @@ func testPrompt(seed, n int) []int32 {
 	return p
 }
 
-// forEachSet runs test as a subtest, named by the set, on every kernel set
-// this CPU runs.
-func forEachSet(t *testing.T, test func(t *testing.T, set *kernels.Set)) {
-	t.Helper()
-	for _, set := range kernels.Supported() {
-		t.Run(set.Name(), func(t *testing.T) { test(t, set) })
-	}
-}
-
 func TestConcurrentRequestsMatchAlone(t *testing.T) {
-	forEachSet(t, checkConcurrentRequestsMatchAlone)
+	kernelstest.ForEachSet(t, checkConcurrentRequestsMatchAlone)
 }
 
 func checkConcurrentRequestsMatchAlone(t *testing.T, set *kernels.Set) {
@@ -282,7 +274,7 @@ func TestDrain(t *testing.T) {
 }
 
 func TestPreemptionUnderKVPressureKeepsOutputs(t *testing.T) {
-	forEachSet(t, checkPreemptionKeepsOutputs)
+	kernelstest.ForEachSet(t, checkPreemptionKeepsOutputs)
 }
 
 func checkPreemptionKeepsOutputs(t *testing.T, set *kernels.Set) {

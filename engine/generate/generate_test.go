@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stokehq/stoke/engine/kernels"
+	"github.com/stokehq/stoke/engine/kernels/kernelstest"
 	"github.com/stokehq/stoke/engine/model"
 	"github.com/stokehq/stoke/engine/sample"
 	"github.com/stokehq/stoke/engine/tokenizer"
@@ -39,9 +40,7 @@ func testModelOn(t *testing.T, set *kernels.Set) *model.Model {
 // runs, that prefilling a prompt in chunks gives the greedy ids a single
 // prefill gives.
 func TestChunkedPrefillMatchesWhole(t *testing.T) {
-	for _, set := range kernels.Supported() {
-		t.Run(set.Name(), func(t *testing.T) { checkChunkedPrefillMatchesWhole(t, testModelOn(t, set)) })
-	}
+	kernelstest.ForEachSet(t, func(t *testing.T, set *kernels.Set) { checkChunkedPrefillMatchesWhole(t, testModelOn(t, set)) })
 }
 
 func checkChunkedPrefillMatchesWhole(t *testing.T, m *model.Model) {
@@ -137,9 +136,7 @@ func TestStoriesTellTheirStory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, set := range kernels.Supported() {
-		t.Run(set.Name(), func(t *testing.T) { checkStoriesTellTheirStory(t, set, dir, tok, bos) })
-	}
+	kernelstest.ForEachSet(t, func(t *testing.T, set *kernels.Set) { checkStoriesTellTheirStory(t, set, dir, tok, bos) })
 }
 
 func checkStoriesTellTheirStory(t *testing.T, set *kernels.Set, dir string, tok *tokenizer.Tokenizer, bos testmodel.Case) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stokehq/stoke/engine/kernels"
+	"github.com/stokehq/stoke/engine/kernels/kernelstest"
 	"github.com/stokehq/stoke/engine/kvcache"
 	"github.com/stokehq/stoke/internal/dtype"
 )
@@ -50,15 +51,6 @@ func skipSlow(t *testing.T, shape string, set *kernels.Set) {
 	}
 }
 
-// forEachSet runs test as a subtest, named by the set, on every kernel set
-// this CPU runs.
-func forEachSet(t *testing.T, test func(t *testing.T, set *kernels.Set)) {
-	t.Helper()
-	for _, set := range kernels.Supported() {
-		t.Run(set.Name(), func(t *testing.T) { test(t, set) })
-	}
-}
-
 func newTestModel(t *testing.T, cfg Config, src TensorSource) *Model {
 	t.Helper()
 	return newSetModel(t, nil, 2, cfg, src)
@@ -94,7 +86,7 @@ func runAlone(t *testing.T, m *Model, tokens []int32) []float32 {
 func TestBatchMatchesSequencesAlone(t *testing.T) {
 	for _, c := range invarianceConfigs {
 		t.Run(c.name, func(t *testing.T) {
-			forEachSet(t, func(t *testing.T, set *kernels.Set) {
+			kernelstest.ForEachSet(t, func(t *testing.T, set *kernels.Set) {
 				skipSlow(t, c.name, set)
 				checkBatchMatchesAlone(t, set, c.cfg())
 			})
@@ -402,7 +394,7 @@ func TestFP8WeightScaleCheckpoints(t *testing.T) {
 func TestChunkedPrefillIsBitwiseStable(t *testing.T) {
 	for _, c := range invarianceConfigs {
 		t.Run(c.name, func(t *testing.T) {
-			forEachSet(t, func(t *testing.T, set *kernels.Set) {
+			kernelstest.ForEachSet(t, func(t *testing.T, set *kernels.Set) {
 				skipSlow(t, c.name, set)
 				checkChunkedPrefill(t, set, c.cfg())
 			})

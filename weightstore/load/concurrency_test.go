@@ -14,6 +14,7 @@ import (
 	"github.com/stokehq/stoke/engine/core"
 	"github.com/stokehq/stoke/engine/generate"
 	"github.com/stokehq/stoke/engine/kernels"
+	"github.com/stokehq/stoke/engine/kernels/kernelstest"
 	"github.com/stokehq/stoke/engine/model"
 	"github.com/stokehq/stoke/engine/sample"
 	"github.com/stokehq/stoke/engine/sched"
@@ -54,7 +55,7 @@ func wideGQAConfig() model.Config {
 func TestConcurrentGreedyMatchesAlone(t *testing.T) {
 	t.Run("stories260K", func(t *testing.T) {
 		dir := testmodel.Dir(t)
-		forEachSet(t, func(t *testing.T, set *kernels.Set) {
+		kernelstest.ForEachSet(t, func(t *testing.T, set *kernels.Set) {
 			checkConcurrentMatchesAlone(t, set, dir, concurrencyLoad{batchTokens: 64, maxTokens: 24, bos: true})
 		})
 	})
@@ -70,7 +71,7 @@ func TestConcurrentGreedyMatchesAlone(t *testing.T) {
 			// step's budget).
 			load = concurrencyLoad{batchTokens: 48, maxTokens: 6, maxPrompt: 64}
 		}
-		forEachSet(t, func(t *testing.T, set *kernels.Set) {
+		kernelstest.ForEachSet(t, func(t *testing.T, set *kernels.Set) {
 			if testing.Short() && set.Name() == "generic" {
 				// Pure Go under the race detector takes minutes on this
 				// model; the full run covers the portable set.
@@ -79,15 +80,6 @@ func TestConcurrentGreedyMatchesAlone(t *testing.T) {
 			checkConcurrentMatchesAlone(t, set, dir, load)
 		})
 	})
-}
-
-// forEachSet runs test as a subtest, named by the set, on every kernel set
-// this CPU runs.
-func forEachSet(t *testing.T, test func(t *testing.T, set *kernels.Set)) {
-	t.Helper()
-	for _, set := range kernels.Supported() {
-		t.Run(set.Name(), func(t *testing.T) { test(t, set) })
-	}
 }
 
 // concurrencyLoad shapes one run of checkConcurrentMatchesAlone.

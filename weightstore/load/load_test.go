@@ -10,6 +10,7 @@ import (
 
 	"github.com/stokehq/stoke/engine/core"
 	"github.com/stokehq/stoke/engine/kernels"
+	"github.com/stokehq/stoke/engine/kernels/kernelstest"
 	"github.com/stokehq/stoke/engine/sample"
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/server"
@@ -65,7 +66,7 @@ func TestBucketSourceServesGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	forEachSet(t, func(t *testing.T, set *kernels.Set) {
+	kernelstest.ForEachSet(t, func(t *testing.T, set *kernels.Set) {
 		checkBucketServesGolden(t, set, root, m.Revision, m.TotalBytes, cases)
 	})
 }
