@@ -163,10 +163,12 @@ func (s *Server) Start() error {
 	return nil
 }
 
-// waitReady polls MinIO's liveness and then readiness probes.
+// waitReady polls MinIO's liveness, readiness and cluster probes: the
+// first two answer 200 before the object layer is up (requests then get
+// "Server not initialized yet"); the cluster probe waits for it.
 func waitReady(ctx context.Context, endpoint string, exited <-chan error) error {
 	client := &http.Client{Timeout: 2 * time.Second}
-	for _, probe := range []string{"/minio/health/live", "/minio/health/ready"} {
+	for _, probe := range []string{"/minio/health/live", "/minio/health/ready", "/minio/health/cluster"} {
 		for {
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+probe, nil)
 			if err != nil {
