@@ -280,18 +280,24 @@ func TestPreemptionUnderKVPressureKeepsOutputs(t *testing.T) {
 func checkPreemptionKeepsOutputs(t *testing.T, set *kernels.Set) {
 	roomy := newFixtureOn(t, set, 512, sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 16})
 	tight := newFixtureOn(t, set, 12, sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 16}) // 192 tokens for 10 requests of ~60
+	// All ten are submitted before any is read, so that they overlap in
+	// the engine however fast it runs them (goroutines that each submit
+	// could arrive one after another and never press on the KV cache).
 	run := func(f *fixture) [][]int32 {
+		streams := make([]*Stream, 10)
+		for i := range streams {
+			s, err := f.engine.Submit(Params{Prompt: testPrompt(i, 20+i), MaxTokens: 30, Sampling: greedy(), IgnoreEOS: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams[i] = s
+		}
 		var wg sync.WaitGroup
-		out := make([][]int32, 10)
-		for i := range out {
+		out := make([][]int32, len(streams))
+		for i, s := range streams {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				s, err := f.engine.Submit(Params{Prompt: testPrompt(i, 20+i), MaxTokens: 30, Sampling: greedy(), IgnoreEOS: true})
-				if err != nil {
-					t.Error(err)
-					return
-				}
 				_, out[i], _ = collect(t, s)
 			}()
 		}
