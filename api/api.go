@@ -21,6 +21,7 @@ import (
 
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
+	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/runtime"
 	"github.com/stokehq/stoke/scaler/reconcile"
 )
@@ -40,7 +41,7 @@ type Deployments interface {
 // ColdStarts drives deployments into cold-start tiers and reports how
 // their replicas were acquired (the cold-start bench's admin surface).
 type ColdStarts interface {
-	Prepare(ctx context.Context, name string, tier runtime.Tier) error
+	Prepare(ctx context.Context, name string, tier tier.Tier) error
 	// Acquisition is how the replica on runtime id ("" for the latest)
 	// was acquired.
 	Acquisition(name, id string) (*runtime.Replica, bool)
@@ -223,7 +224,7 @@ func writeError(c *gin.Context, e *openai.Error) {
 
 func (o Options) prepare(c *gin.Context) {
 	var req struct {
-		Tier runtime.Tier `json:"tier"`
+		Tier tier.Tier `json:"tier"`
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, o.MaxBodyBytes))
 	if err != nil {
@@ -244,8 +245,8 @@ func (o Options) prepare(c *gin.Context) {
 // acquisitionJSON is how a replica was acquired, on the admin API.
 type acquisitionJSON struct {
 	Runtime   string            `json:"runtime"`
-	Tier      runtime.Tier      `json:"tier"`
-	LoadTier  string            `json:"load_tier,omitempty"`
+	Tier      tier.Tier         `json:"tier"`
+	LoadTier  tier.Tier         `json:"load_tier,omitempty"`
 	Revision  string            `json:"revision"`
 	Breakdown runtime.Breakdown `json:"breakdown"`
 }

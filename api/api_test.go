@@ -14,7 +14,7 @@ import (
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
-	"github.com/stokehq/stoke/runtime"
+	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/scaler/reconcile"
 )
 
@@ -39,7 +39,7 @@ func (s storeDeployments) Status(name string) (reconcile.Status, bool) {
 	if name != "chat" {
 		return reconcile.Status{}, false
 	}
-	return reconcile.Status{Ready: 2, Desired: 2, Reason: "concurrency: stable avg 9.0 / target 8 → 2", LastColdStart: runtime.TierCache}, true
+	return reconcile.Status{Ready: 2, Desired: 2, Reason: "concurrency: stable avg 9.0 / target 8 → 2", LastColdStart: tier.Cache}, true
 }
 
 func TestAPI(t *testing.T) {

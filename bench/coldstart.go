@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stokehq/stoke/runtime"
+	"github.com/stokehq/stoke/internal/tier"
 )
 
 // ColdStartOptions say what to measure.
@@ -22,7 +22,7 @@ type ColdStartOptions struct {
 	// URL is stoke serve's base URL; Model the deployment.
 	URL, Model string
 	// Tiers to measure, in order (t1…t4).
-	Tiers []string
+	Tiers []tier.Tier
 	// Runs per tier.
 	Runs int
 	// Client makes the requests (default: one without a timeout).
@@ -46,9 +46,9 @@ type ColdStartBreakdown struct {
 
 // TierResult is one measured cold request.
 type TierResult struct {
-	Tier string `json:"tier"`
+	Tier tier.Tier `json:"tier"`
 	// Served is the tier the platform reports for the acquisition.
-	Served    string             `json:"served_tier"`
+	Served    tier.Tier          `json:"served_tier"`
 	TTFT      float64            `json:"ttft_seconds"`
 	Breakdown ColdStartBreakdown `json:"breakdown"`
 }
@@ -67,11 +67,11 @@ func ColdStart(ctx context.Context, o ColdStartOptions) (ColdStartReport, error)
 		o.Runs = 1
 	}
 	var rep ColdStartReport
-	for _, tier := range o.Tiers {
+	for _, t := range o.Tiers {
 		for range o.Runs {
-			r, err := coldRequest(ctx, o, tier)
+			r, err := coldRequest(ctx, o, t)
 			if err != nil {
-				return rep, fmt.Errorf("tier %s: %w", tier, err)
+				return rep, fmt.Errorf("tier %s: %w", t, err)
 			}
 			rep.Tiers = append(rep.Tiers, r)
 		}
@@ -79,17 +79,25 @@ func ColdStart(ctx context.Context, o ColdStartOptions) (ColdStartReport, error)
 	return rep, nil
 }
 
-func coldRequest(ctx context.Context, o ColdStartOptions, tier string) (TierResult, error) {
-	if err := o.call(ctx, http.MethodPost, "/admin/deployments/"+o.Model+"/prepare", fmt.Sprintf(`{"tier":%q}`, tier), nil); err != nil {
+func coldRequest(ctx context.Context, o ColdStartOptions, t tier.Tier) (TierResult, error) {
+	if err := o.call(ctx, http.MethodPost, "/admin/deployments/"+o.Model+"/prepare", fmt.Sprintf(`{"tier":%q}`, t), nil); err != nil {
 		return TierResult{}, fmt.Errorf("prepare: %w", err)
 	}
 	ttft, replica, err := o.firstToken(ctx)
 	if err != nil {
 		return TierResult{}, err
 	}
+	// The acquisition's JSON, as GET /admin/deployments/NAME/acquisition
+	// writes it: the bench reads the wire format, not the runtime's types.
 	var acq struct {
-		Tier      string            `json:"tier"`
-		Breakdown runtime.Breakdown `json:"breakdown"`
+		Tier      tier.Tier `json:"tier"`
+		Breakdown struct {
+			Start  float64 `json:"start_seconds"`
+			Fetch  float64 `json:"fetch_seconds"`
+			Load   float64 `json:"load_seconds"`
+			Wake   float64 `json:"wake_seconds"`
+			Warmup float64 `json:"warmup_seconds"`
+		} `json:"breakdown"`
 	}
 	if err := o.call(ctx, http.MethodGet, "/admin/deployments/"+o.Model+"/acquisition?runtime="+replica, "", &acq); err != nil {
 		return TierResult{}, fmt.Errorf("read the acquisition: %w", err)
@@ -99,10 +107,9 @@ func coldRequest(ctx context.Context, o ColdStartOptions, tier string) (TierResu
 		return TierResult{}, err
 	}
 	bd := acq.Breakdown
-	b := ColdStartBreakdown{Start: bd.Start.Seconds(), Fetch: bd.Fetch.Seconds(), Load: (bd.Load + bd.Wake + bd.Warmup).Seconds(),
-		FirstToken: warm.Seconds()}
+	b := ColdStartBreakdown{Start: bd.Start, Fetch: bd.Fetch, Load: bd.Load + bd.Wake + bd.Warmup, FirstToken: warm.Seconds()}
 	b.Wait = max(0, ttft.Seconds()-b.Start-b.Fetch-b.Load-b.FirstToken)
-	return TierResult{Tier: tier, Served: acq.Tier, TTFT: ttft.Seconds(), Breakdown: b}, nil
+	return TierResult{Tier: t, Served: acq.Tier, TTFT: ttft.Seconds(), Breakdown: b}, nil
 }
 
 // firstToken streams a one-token completion, times its first event and

@@ -10,6 +10,7 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/runtime"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/push"
@@ -74,7 +75,7 @@ func BenchmarkTiers(b *testing.B) {
 	n := &node{dir: dir, source: source}
 	setup(b, n, bin)
 	be := n.backend
-	totals := map[runtime.Tier]time.Duration{}
+	totals := map[tier.Tier]time.Duration{}
 	for i := range b.N {
 		cache := filepath.Join(dir, "cache", string(rune('a'+i%26)))
 		os.RemoveAll(cache)
@@ -87,7 +88,7 @@ func BenchmarkTiers(b *testing.B) {
 			}
 			return m
 		}
-		acquire := func(m *runtime.Manager, want runtime.Tier) {
+		acquire := func(m *runtime.Manager, want tier.Tier) {
 			rep, err := m.Acquire(ctx, model, "")
 			if err != nil {
 				b.Fatal(err)
@@ -112,13 +113,13 @@ func BenchmarkTiers(b *testing.B) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		acquire(m, runtime.TierBucket)
-		acquire(m, runtime.TierCache)
+		acquire(m, tier.Bucket)
+		acquire(m, tier.Cache)
 		m.Close(ctx)
 		// An empty pool, releasing to sleep: T4, then T1.
 		m = newManager(0, 1<<40)
-		acquire(m, runtime.TierStart)
-		acquire(m, runtime.TierWake)
+		acquire(m, tier.Start)
+		acquire(m, tier.Wake)
 		m.Close(ctx)
 	}
 	for tier, d := range totals {

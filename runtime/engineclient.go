@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stokehq/stoke/engine/server"
+	"github.com/stokehq/stoke/engine/engineapi"
 )
 
 // EngineClient speaks an engine runtime's admin API over its socket.
@@ -36,15 +36,15 @@ func NewEngineClient(addr string) *EngineClient {
 }
 
 // State returns GET /admin/state.
-func (c *EngineClient) State(ctx context.Context) (server.StateInfo, error) {
-	var st server.StateInfo
+func (c *EngineClient) State(ctx context.Context) (engineapi.StateInfo, error) {
+	var st engineapi.StateInfo
 	err := c.do(ctx, http.MethodGet, "/admin/state", nil, &st)
 	return st, err
 }
 
 // Load posts /admin/load and returns the state after it.
-func (c *EngineClient) Load(ctx context.Context, req server.LoadRequest) (server.StateInfo, error) {
-	var st server.StateInfo
+func (c *EngineClient) Load(ctx context.Context, req engineapi.LoadRequest) (engineapi.StateInfo, error) {
+	var st engineapi.StateInfo
 	err := c.do(ctx, http.MethodPost, "/admin/load", req, &st)
 	return st, err
 }

@@ -20,7 +20,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/stokehq/stoke/engine/server"
+	"github.com/stokehq/stoke/engine/engineapi"
+	"github.com/stokehq/stoke/internal/tier"
+
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/loader"
 	"github.com/stokehq/stoke/weightstore/nodecache"
@@ -49,18 +51,6 @@ type Class string
 const (
 	OnDemand Class = "on-demand"
 	Spot     Class = "spot"
-)
-
-// Tier says how an acquisition got its replica (DESIGN.md's cold-start
-// tiers).
-type Tier string
-
-// The tiers.
-const (
-	TierWake   Tier = "t1" // a sleeping replica woke
-	TierCache  Tier = "t2" // a warm blank runtime loaded from the node cache
-	TierBucket Tier = "t3" // a warm blank runtime loaded from the bucket
-	TierStart  Tier = "t4" // a runtime was started first
 )
 
 // ErrNoCapacity reports a node with no free slot and nothing to evict.
@@ -206,9 +196,9 @@ type Replica struct {
 	Model    string
 	Revision string
 	// Tier is how it was acquired; LoadTier is where its weights came
-	// from ("t2" or "t3") when it loaded any.
-	Tier     Tier
-	LoadTier string
+	// from (tier.Cache or tier.Bucket) when it loaded any.
+	Tier     tier.Tier
+	LoadTier tier.Tier
 	// WeightBytes is how many weight bytes it loaded (0 when woken).
 	WeightBytes int64
 	Breakdown   Breakdown
@@ -306,7 +296,7 @@ func (m *Manager) adopt(ctx context.Context, p Process) {
 	r := &runtimeState{id: p.ID(), slot: slot, proc: p, client: client, started: time.Now(), warm: make(chan struct{})}
 	close(r.warm)
 	switch st.State {
-	case server.StateReady, server.StateSleeping:
+	case engineapi.StateReady, engineapi.StateSleeping:
 		r.state, r.model = State(st.State), st.Model
 		if st.Load != nil {
 			r.revision, r.weights = st.Load.Revision, st.Load.TotalBytes
@@ -344,7 +334,7 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 	if err != nil {
 		return nil, err
 	}
-	rep := &Replica{ID: r.id, Socket: r.proc.Socket(), Model: model, Revision: revision, Tier: TierBucket}
+	rep := &Replica{ID: r.id, Socket: r.proc.Socket(), Model: model, Revision: revision, Tier: tier.Bucket}
 	fail := func(err error) (*Replica, error) {
 		m.unclaim(r, err)
 		return nil, fmt.Errorf("acquire %s: %w", model, err)
@@ -354,12 +344,12 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 			return fail(err)
 		}
 		if how == claimStarted {
-			rep.Tier, rep.Breakdown.Start = TierStart, time.Since(start)
+			rep.Tier, rep.Breakdown.Start = tier.Start, time.Since(start)
 		}
 	}
 	switch how {
 	case claimSleeping:
-		rep.Tier = TierWake
+		rep.Tier = tier.Wake
 		t := time.Now()
 		if err := r.client.Wake(ctx); err != nil {
 			return fail(err)
@@ -369,10 +359,10 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 	default:
 		m.setState(r, StateLoading, model, "")
 		t := time.Now()
-		req := server.LoadRequest{Source: m.opts.Source, Model: model, Revision: revision}
+		req := engineapi.LoadRequest{Source: m.opts.Source, Model: model, Revision: revision}
 		view := m.openView(ctx, revision)
 		if view != nil {
-			req = server.LoadRequest{Path: view.Dir(), ServedModelName: model}
+			req = engineapi.LoadRequest{Path: view.Dir(), ServedModelName: model}
 		}
 		st, err := r.client.Load(ctx, req)
 		if err != nil {
@@ -384,7 +374,7 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 		total := time.Since(t)
 		switch {
 		case view != nil:
-			rep.LoadTier, rep.Revision = string(TierCache), revision
+			rep.LoadTier, rep.Revision = tier.Cache, revision
 			m.mu.Lock()
 			r.view, r.revision, r.weights = view, revision, view.Manifest().TotalBytes
 			m.mu.Unlock()
@@ -394,7 +384,7 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 			m.mu.Lock()
 			r.revision, r.weights = st.Load.Revision, st.Load.TotalBytes
 			m.mu.Unlock()
-			if m.opts.Cache != nil && st.Load.Tier == string(TierBucket) {
+			if m.opts.Cache != nil && st.Load.Tier == tier.Bucket {
 				m.mu.Lock()
 				if !m.closed {
 					m.wg.Add(1)
@@ -408,10 +398,10 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 		rep.WeightBytes = r.weights
 		m.mu.Unlock()
 		if rep.LoadTier != "" {
-			m.loads.observe(rep.LoadTier, rep.WeightBytes, total.Seconds())
+			m.loads.observe(string(rep.LoadTier), rep.WeightBytes, total.Seconds())
 		}
-		if rep.Tier != TierStart && rep.LoadTier == string(TierCache) {
-			rep.Tier = TierCache
+		if rep.Tier != tier.Start && rep.LoadTier == tier.Cache {
+			rep.Tier = tier.Cache
 		}
 	}
 	// The warm-up checks that freshly loaded weights serve, once per
@@ -580,7 +570,7 @@ func (m *Manager) unclaim(r *runtimeState, cause error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	st, err := r.client.State(ctx)
-	if err == nil && st.State == server.StateBlank {
+	if err == nil && st.State == engineapi.StateBlank {
 		m.mu.Lock()
 		r.inUse = false
 		m.mu.Unlock()
@@ -754,7 +744,7 @@ func (m *Manager) awaitBlank(r *runtimeState) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		st, err := r.client.State(ctx)
 		cancel()
-		if err == nil && st.State == server.StateBlank {
+		if err == nil && st.State == engineapi.StateBlank {
 			m.becameBlank(r)
 			return
 		}

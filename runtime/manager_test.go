@@ -17,7 +17,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/runtime"
 	"github.com/stokehq/stoke/runtime/process"
 	"github.com/stokehq/stoke/weightstore/bucket"
@@ -213,7 +215,7 @@ func testTiersAndFaults(t *testing.T, kind string) {
 	defer m.Close(ctx)
 	waitFor(t, "a warm blank runtime", func() bool { return states(m)[runtime.StateBlank] == 1 })
 
-	acquire := func(model string, want runtime.Tier, wantLoad string) *runtime.Replica {
+	acquire := func(model string, want tier.Tier, wantLoad tier.Tier) *runtime.Replica {
 		t.Helper()
 		rep, err := m.Acquire(ctx, model, "")
 		if err != nil {
@@ -227,26 +229,26 @@ func testTiersAndFaults(t *testing.T, kind string) {
 		}
 		return rep
 	}
-	a := acquire("a", runtime.TierBucket, "t3") // warm blank runtime, bucket
+	a := acquire("a", tier.Bucket, "t3") // warm blank runtime, bucket
 	if a.Breakdown.Fetch <= 0 || a.Breakdown.Start != 0 || a.Breakdown.Warmup <= 0 {
 		t.Fatalf("T3 breakdown %+v: want a fetch, a warm-up and no start", a.Breakdown)
 	}
 	if err := m.Release(ctx, a.ID); err != nil {
 		t.Fatal(err)
 	}
-	a = acquire("a", runtime.TierWake, "") // its sleeping replica wakes
+	a = acquire("a", tier.Wake, "") // its sleeping replica wakes
 	if err := m.Release(ctx, a.ID); err != nil {
 		t.Fatal(err)
 	}
 	// The pool refilled the second slot; b has a's content, so the node
 	// cache holds its revision.
 	waitFor(t, "the warm pool refilled", func() bool { return states(m)[runtime.StateBlank] == 1 })
-	b := acquire("b", runtime.TierCache, "t2")
+	b := acquire("b", tier.Cache, "t2")
 	if b.Breakdown.Warmup != 0 {
 		t.Fatalf("b: breakdown %+v, want no warm-up for the revision a served", b.Breakdown)
 	}
 	// Both slots taken: c evicts the idle sleeping replica of a.
-	c := acquire("c", runtime.TierCache, "t2")
+	c := acquire("c", tier.Cache, "t2")
 	if c.ID != a.ID {
 		t.Fatalf("c got runtime %s, want the evicted sleeping %s", c.ID, a.ID)
 	}
@@ -286,7 +288,7 @@ func testTiersAndFaults(t *testing.T, kind string) {
 	if err := m.Release(ctx, b.ID); err == nil {
 		t.Fatal("released a runtime that is gone")
 	}
-	b2 := acquire("b", runtime.TierStart, "t2") // its slot is free again
+	b2 := acquire("b", tier.Start, "t2") // its slot is free again
 	if b2.Breakdown.Start <= 0 || b2.Breakdown.Warmup != 0 {
 		t.Fatalf("T4 breakdown %+v: want a start time and no warm-up, the revision having served", b2.Breakdown)
 	}
@@ -323,7 +325,7 @@ func testReleaseToBlankAndReadopt(t *testing.T, kind string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Tier != runtime.TierBucket || a.LoadTier != "t3" {
+	if a.Tier != tier.Bucket || a.LoadTier != "t3" {
 		t.Fatalf("acquire after the failed one: %s/%s, want t3 into the blank runtime", a.Tier, a.LoadTier)
 	}
 	if err := m.Release(ctx, a.ID); err != nil {
@@ -336,7 +338,7 @@ func testReleaseToBlankAndReadopt(t *testing.T, kind string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Tier != runtime.TierCache {
+	if a.Tier != tier.Cache {
 		t.Fatalf("second acquire: %s, want t2 from the node cache", a.Tier)
 	}
 	// A new manager re-adopts the ready runtime, model and all; a stale
@@ -448,7 +450,7 @@ func TestManagerLoadsFromCacheViews(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rep.Tier != runtime.TierCache || rep.LoadTier != "t2" || rep.Revision != man.Revision {
+			if rep.Tier != tier.Cache || rep.LoadTier != "t2" || rep.Revision != man.Revision {
 				t.Fatalf("second load: %s/%s@%s, want t2 from the cache view", rep.Tier, rep.LoadTier, rep.Revision)
 			}
 			if err := runtime.NewEngineClient("unix://"+rep.Socket).Complete(ctx, "a", []int32{1, 2}); err != nil {
@@ -591,7 +593,7 @@ func TestManagerStopIdleStopsStartingRuntimes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Tier != runtime.TierStart {
+	if rep.Tier != tier.Start {
 		t.Fatalf("acquire after StopIdle: %s, want t4 (a runtime started for it)", rep.Tier)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stokehq/stoke/engine/device"
 	"github.com/stokehq/stoke/internal/dtype"
 	"github.com/stokehq/stoke/internal/store"
+	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/bucket/bucketest"
 	"github.com/stokehq/stoke/weightstore/loader"
@@ -111,10 +112,10 @@ func TestPushAndPlainUploadBecomeRevisionsThatLoad(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			cache := newCache(t)
 			for _, model := range []string{"pushed", "plain"} {
-				for _, want := range []loader.Tier{loader.TierBucket, loader.TierCache} {
-					if model == "plain" && want == loader.TierBucket {
+				for _, want := range []tier.Tier{tier.Bucket, tier.Cache} {
+					if model == "plain" && want == tier.Bucket {
 						// Same content: the blobs are cached already.
-						want = loader.TierCache
+						want = tier.Cache
 					}
 					res, err := loader.LoadRevision(ctx, dev, cache, loader.Request{Bucket: root, Model: model, Revision: revisions[model]}, loader.Options{ChunkSize: 64 << 10})
 					if err != nil {

@@ -8,14 +8,15 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stokehq/stoke/bench"
+	"github.com/stokehq/stoke/internal/tier"
 )
 
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Measure a running platform"}
 	var (
-		url, model, tier string
-		runs             int
-		asJSON           bool
+		url, model, which string
+		runs              int
+		asJSON            bool
 	)
 	cold := &cobra.Command{
 		Use:   "cold-start --model NAME",
@@ -27,13 +28,15 @@ started), sends one streaming request and prints its time to first token
 with where it went. The deployment must allow zero replicas.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			tiers := []string{"t1", "t2", "t3", "t4"}
-			if tier != "all" {
-				tiers = strings.Split(tier, ",")
-			}
-			for _, t := range tiers {
-				if t != "t1" && t != "t2" && t != "t3" && t != "t4" {
-					return fmt.Errorf("--tier: %q is not t1, t2, t3, t4 or all", t)
+			tiers := tier.Benchable()
+			if which != "all" {
+				tiers = tiers[:0]
+				for _, s := range strings.Split(which, ",") {
+					t, err := tier.Parse(s)
+					if err != nil {
+						return fmt.Errorf("--tier: %w (or all)", err)
+					}
+					tiers = append(tiers, t)
 				}
 			}
 			rep, err := bench.ColdStart(cmd.Context(), bench.ColdStartOptions{URL: strings.TrimSuffix(url, "/"), Model: model, Tiers: tiers, Runs: runs})
@@ -50,7 +53,7 @@ with where it went. The deployment must allow zero replicas.`,
 	f := cold.Flags()
 	f.StringVar(&url, "url", "http://127.0.0.1:8080", "stoke serve's URL")
 	f.StringVar(&model, "model", "", "the deployment to measure")
-	f.StringVar(&tier, "tier", "all", "t1, t2, t3, t4, a comma-separated list, or all")
+	f.StringVar(&which, "tier", "all", "t1, t2, t3, t4, a comma-separated list, or all")
 	f.IntVar(&runs, "runs", 1, "requests per tier")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	cold.MarkFlagRequired("model")

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stokehq/stoke/engine/device"
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/server"
 	"github.com/stokehq/stoke/weightstore/load"
@@ -120,7 +121,7 @@ func runEngine(ctx context.Context, f engineFlags) error {
 		return err
 	}
 	if path != "" {
-		if err := srv.Load(ctx, server.LoadRequest{Path: path}); err != nil {
+		if err := srv.Load(ctx, engineapi.LoadRequest{Path: path}); err != nil {
 			return err
 		}
 	}

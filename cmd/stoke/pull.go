@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stokehq/stoke/engine/device"
+	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/loader"
 	"github.com/stokehq/stoke/weightstore/push"
@@ -64,7 +65,7 @@ model, or to measure load speed; it prints the tier and the rate.`,
 			}
 			cacheCommit := time.Since(start) - res.Elapsed
 			stream := res.Elapsed - res.Alloc
-			out := pullReport{Model: name, Revision: res.Manifest.Revision, Tier: string(res.Tier), Bytes: res.Manifest.TotalBytes,
+			out := pullReport{Model: name, Revision: res.Manifest.Revision, Tier: res.Tier, Bytes: res.Manifest.TotalBytes,
 				FromBucket: res.FromBucket, FromCache: res.FromCache, Seconds: res.Elapsed.Seconds(), AllocSeconds: res.Alloc.Seconds(),
 				CacheCommitSeconds: cacheCommit.Seconds(), GBps: float64(res.Manifest.TotalBytes) / stream.Seconds() / 1e9}
 			if asJSON {
@@ -89,14 +90,14 @@ model, or to measure load speed; it prints the tier and the rate.`,
 // pullReport is what `stoke pull --json` prints. GBps is the streaming
 // rate, device allocation excluded.
 type pullReport struct {
-	Model        string  `json:"model"`
-	Revision     string  `json:"revision"`
-	Tier         string  `json:"tier"`
-	Bytes        int64   `json:"bytes"`
-	FromBucket   int64   `json:"from_bucket"`
-	FromCache    int64   `json:"from_cache"`
-	Seconds      float64 `json:"seconds"`
-	AllocSeconds float64 `json:"alloc_seconds"`
+	Model        string    `json:"model"`
+	Revision     string    `json:"revision"`
+	Tier         tier.Tier `json:"tier"`
+	Bytes        int64     `json:"bytes"`
+	FromBucket   int64     `json:"from_bucket"`
+	FromCache    int64     `json:"from_cache"`
+	Seconds      float64   `json:"seconds"`
+	AllocSeconds float64   `json:"alloc_seconds"`
 	// CacheCommitSeconds is how long committing to the node cache took
 	// after the load (engines serve meanwhile).
 	CacheCommitSeconds float64 `json:"cache_commit_seconds"`

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/weightstore/nodecache/ctrdcache/ctrdtest"
 	"github.com/stokehq/stoke/weightstore/synth"
 )
@@ -41,7 +42,7 @@ func pushTiny(t *testing.T, name string) (root, revision string) {
 func TestPullCLI(t *testing.T) {
 	root, rev := pushTiny(t, "tiny")
 	cache := t.TempDir()
-	for _, want := range []string{"t3", "t2"} {
+	for _, want := range []tier.Tier{tier.Bucket, tier.Cache} {
 		out, err := stoke(t, "pull", root+"/tiny", "--cache-dir", cache, "--json")
 		if err != nil {
 			t.Fatalf("%v\n%s", err, out)
@@ -217,7 +218,7 @@ func TestPullSurvivesSIGKILL(t *testing.T) {
 			if err := <-exited; err == nil {
 				t.Fatalf("pull finished before the kill; make the checkpoint bigger")
 			}
-			for i, want := range []string{"t3", "t2"} {
+			for i, want := range []tier.Tier{tier.Bucket, tier.Cache} {
 				out, err := stoke(t, append([]string{"pull", root + "/small", "--json"}, cache...)...)
 				if err != nil {
 					t.Fatalf("pull %d after the kill: %v\n%s", i+1, err, out)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/openai"
 )
 
@@ -114,7 +115,7 @@ func TestBadInput(t *testing.T) {
 	}
 	checkErrorCases(t, f, cases)
 	// Nothing above reached the engine.
-	if st := f.state(t); st.State != StateReady || st.Running+st.Waiting != 0 {
+	if st := f.state(t); st.State != engineapi.StateReady || st.Running+st.Waiting != 0 {
 		t.Fatalf("state after bad input: %+v", st)
 	}
 	if status, b := f.do(t, http.MethodPost, cmpl, `{"prompt":"hi","max_tokens":2}`); status != http.StatusOK {

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stokehq/stoke/engine/core"
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/engine/kvcache"
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/sim"
@@ -36,7 +37,7 @@ func BenchmarkSimShortRequestsHTTP(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	loader := func(context.Context, LoadRequest, func(LoadProgress)) (*Loaded, error) {
+	loader := func(context.Context, engineapi.LoadRequest, func(engineapi.LoadProgress)) (*Loaded, error) {
 		return &Loaded{
 			Name: p.Model, Tokenizer: tok, MaxModelLen: p.MaxModelLen,
 			Start: func(m *core.Metrics) (*core.Engine, error) {
@@ -50,7 +51,7 @@ func BenchmarkSimShortRequestsHTTP(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := srv.Load(context.Background(), LoadRequest{Path: "sim"}); err != nil {
+	if err := srv.Load(context.Background(), engineapi.LoadRequest{Path: "sim"}); err != nil {
 		b.Fatal(err)
 	}
 	ts := httptest.NewServer(srv.Handler())

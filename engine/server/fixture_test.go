@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stokehq/stoke/engine/core"
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/engine/kernels"
 	"github.com/stokehq/stoke/engine/kvcache"
 	"github.com/stokehq/stoke/engine/model"
@@ -131,11 +132,11 @@ func (ml *modelLoader) gate() *gate {
 	return ml.lastGate
 }
 
-func (ml *modelLoader) load(ctx context.Context, req LoadRequest, progress func(LoadProgress)) (*Loaded, error) {
+func (ml *modelLoader) load(ctx context.Context, req engineapi.LoadRequest, progress func(engineapi.LoadProgress)) (*Loaded, error) {
 	if req.Path == "missing" {
 		return nil, fmt.Errorf("open %s/config.json: %w", req.Path, fs.ErrNotExist)
 	}
-	progress(LoadProgress{Tier: "local", Bytes: 1, TotalBytes: 1})
+	progress(engineapi.LoadProgress{Tier: "local", Bytes: 1, TotalBytes: 1})
 	mc := model.Config{ModelType: "llama", HiddenSize: 64, IntermediateSize: 128, NumLayers: 2, NumHeads: 4, NumKVHeads: 2,
 		HeadDim: 16, VocabSize: testVocab, MaxPositionEmbeddings: 2048, RMSNormEps: 1e-5, RopeTheta: 10000, HiddenAct: "silu", TieWordEmbeddings: true}
 	m, err := model.New(mc, model.RandomSource(mc, 3, 0.3), ml.pool)
@@ -171,7 +172,7 @@ func (ml *modelLoader) load(ctx context.Context, req LoadRequest, progress func(
 // and a clock that never waits.
 func simLoader(t *testing.T) Loader {
 	tok := testTokenizer(t)
-	return func(ctx context.Context, req LoadRequest, _ func(LoadProgress)) (*Loaded, error) {
+	return func(ctx context.Context, req engineapi.LoadRequest, _ func(engineapi.LoadProgress)) (*Loaded, error) {
 		p, err := sim.LoadProfile(req.Path)
 		if err != nil {
 			return nil, err
@@ -219,7 +220,7 @@ func newFixture(t *testing.T, loader Loader, load string, opts Options) *fixture
 		srv.Shutdown(ctx)
 	})
 	if load != "" {
-		if err := srv.Load(context.Background(), LoadRequest{Path: load}); err != nil {
+		if err := srv.Load(context.Background(), engineapi.LoadRequest{Path: load}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -268,13 +269,13 @@ func (f *fixture) postJSON(t *testing.T, path, body string, out any) {
 	}
 }
 
-func (f *fixture) state(t *testing.T) StateInfo {
+func (f *fixture) state(t *testing.T) engineapi.StateInfo {
 	t.Helper()
 	status, b := f.do(t, http.MethodGet, "/admin/state", "")
 	if status != http.StatusOK {
 		t.Fatalf("GET /admin/state: %d %s", status, b)
 	}
-	var st StateInfo
+	var st engineapi.StateInfo
 	if err := json.Unmarshal(b, &st); err != nil {
 		t.Fatal(err)
 	}

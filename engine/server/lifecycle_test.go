@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/openai"
 )
 
@@ -24,25 +25,25 @@ func TestLifecycle(t *testing.T) {
 		path   string // admin POST; "" just checks
 		body   string
 		status int
-		state  State
+		state  engineapi.State
 		blocks int // KV blocks the state reports
 		health int
 		serves bool // a completion succeeds
 		closed int32
 	}
 	steps := []step{
-		{name: "blank", state: StateBlank, health: 503},
-		{name: "load a missing path", path: "/admin/load", body: `{"path":"missing"}`, status: 404, state: StateBlank, health: 503},
-		{name: "load without path", path: "/admin/load", body: `{}`, status: 400, state: StateBlank, health: 503},
-		{name: "sleep while blank", path: "/admin/sleep", status: 409, state: StateBlank, health: 503},
-		{name: "load", path: "/admin/load", body: `{"path":"model"}`, status: 200, state: StateReady, blocks: testBlocks, health: 200, serves: true},
-		{name: "sleep", path: "/admin/sleep", status: 200, state: StateSleeping, health: 503},
-		{name: "sleep again", path: "/admin/sleep", status: 409, state: StateSleeping, health: 503},
-		{name: "wake", path: "/admin/wake", status: 200, state: StateReady, blocks: testBlocks, health: 200, serves: true},
-		{name: "unload", path: "/admin/unload", status: 200, state: StateBlank, health: 503, closed: 1},
-		{name: "load again", path: "/admin/load", body: `{"path":"model"}`, status: 200, state: StateReady, blocks: testBlocks, health: 200, serves: true, closed: 1},
-		{name: "sleep before unload", path: "/admin/sleep", status: 200, state: StateSleeping, health: 503, closed: 1},
-		{name: "unload", path: "/admin/unload", status: 200, state: StateBlank, health: 503, closed: 2},
+		{name: "blank", state: engineapi.StateBlank, health: 503},
+		{name: "load a missing path", path: "/admin/load", body: `{"path":"missing"}`, status: 404, state: engineapi.StateBlank, health: 503},
+		{name: "load without path", path: "/admin/load", body: `{}`, status: 400, state: engineapi.StateBlank, health: 503},
+		{name: "sleep while blank", path: "/admin/sleep", status: 409, state: engineapi.StateBlank, health: 503},
+		{name: "load", path: "/admin/load", body: `{"path":"model"}`, status: 200, state: engineapi.StateReady, blocks: testBlocks, health: 200, serves: true},
+		{name: "sleep", path: "/admin/sleep", status: 200, state: engineapi.StateSleeping, health: 503},
+		{name: "sleep again", path: "/admin/sleep", status: 409, state: engineapi.StateSleeping, health: 503},
+		{name: "wake", path: "/admin/wake", status: 200, state: engineapi.StateReady, blocks: testBlocks, health: 200, serves: true},
+		{name: "unload", path: "/admin/unload", status: 200, state: engineapi.StateBlank, health: 503, closed: 1},
+		{name: "load again", path: "/admin/load", body: `{"path":"model"}`, status: 200, state: engineapi.StateReady, blocks: testBlocks, health: 200, serves: true, closed: 1},
+		{name: "sleep before unload", path: "/admin/sleep", status: 200, state: engineapi.StateSleeping, health: 503, closed: 1},
+		{name: "unload", path: "/admin/unload", status: 200, state: engineapi.StateBlank, health: 503, closed: 2},
 	}
 	for _, s := range steps {
 		if s.path != "" {
@@ -54,7 +55,7 @@ func TestLifecycle(t *testing.T) {
 		if st.State != s.state || st.KV.Blocks != s.blocks {
 			t.Fatalf("%s: state %+v", s.name, st)
 		}
-		if (s.state == StateBlank) != (st.Model == "") {
+		if (s.state == engineapi.StateBlank) != (st.Model == "") {
 			t.Fatalf("%s: state names model %q", s.name, st.Model)
 		}
 		if st.KV.Usage != 0 || st.Running != 0 || st.Waiting != 0 {
@@ -268,7 +269,7 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if st := f.state(t); st.State != StateDraining || st.Model != "" {
+	if st := f.state(t); st.State != engineapi.StateDraining || st.Model != "" {
 		t.Fatalf("state after shutdown %+v", st)
 	}
 	if f.loader.closed.Load() != 1 {
@@ -300,7 +301,7 @@ func TestSleepCutsStreamsWithError(t *testing.T) {
 			t.Fatalf("cut stream reported a finish reason: %s", e)
 		}
 	}
-	if st := f.state(t); st.State != StateSleeping || st.KV.Blocks != 0 {
+	if st := f.state(t); st.State != engineapi.StateSleeping || st.KV.Blocks != 0 {
 		t.Fatalf("state %+v", st)
 	}
 }
@@ -339,7 +340,7 @@ func TestUnixSocket(t *testing.T) {
 	if _, err := Listen("unix://" + regular); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Fatalf("listen on a regular file: %v", err)
 	}
-	if err := srv.Load(context.Background(), LoadRequest{Path: "model"}); err != nil {
+	if err := srv.Load(context.Background(), engineapi.LoadRequest{Path: "model"}); err != nil {
 		t.Fatal(err)
 	}
 	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -374,7 +375,9 @@ func TestNewValidates(t *testing.T) {
 	if _, err := New(Options{}); err == nil {
 		t.Fatal("no loader accepted")
 	}
-	if _, err := New(Options{Loader: func(context.Context, LoadRequest, func(LoadProgress)) (*Loaded, error) { return nil, errors.New("x") }, MaxBodyBytes: -1}); err == nil {
+	if _, err := New(Options{Loader: func(context.Context, engineapi.LoadRequest, func(engineapi.LoadProgress)) (*Loaded, error) {
+		return nil, errors.New("x")
+	}, MaxBodyBytes: -1}); err == nil {
 		t.Fatal("negative body limit accepted")
 	}
 }

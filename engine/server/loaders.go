@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/stokehq/stoke/engine/core"
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/engine/kvcache"
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/sim"
@@ -37,7 +38,7 @@ func (o EngineOptions) SchedFor(maxModelLen int) sched.Config {
 // serves defaultProfile under the model's name, so a platform of sim
 // runtimes deploys any pushed model ("" refuses bucket loads).
 func SimLoader(o EngineOptions, defaultProfile string) Loader {
-	return func(ctx context.Context, req LoadRequest, progress func(LoadProgress)) (*Loaded, error) {
+	return func(ctx context.Context, req engineapi.LoadRequest, progress func(engineapi.LoadProgress)) (*Loaded, error) {
 		profile, served := req.Path, req.ServedModelName
 		if profile == "" {
 			if defaultProfile == "" || req.Model == "" {
@@ -49,7 +50,7 @@ func SimLoader(o EngineOptions, defaultProfile string) Loader {
 			}
 		}
 		if progress != nil {
-			progress(LoadProgress{Tier: "sim", Revision: req.Revision})
+			progress(engineapi.LoadProgress{Tier: "sim", Revision: req.Revision})
 		}
 		p, err := sim.LoadProfile(profile)
 		if err != nil {

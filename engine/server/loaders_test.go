@@ -5,12 +5,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/engine/sched"
 )
 
 func TestSimLoader(t *testing.T) {
 	o := EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 512, MaxNumSeqs: 1000, MaxModelLen: 4096}, PrefixCaching: true}
-	l, err := SimLoader(o, "")(context.Background(), LoadRequest{Path: "llama-3.1-8b-fp8-h100"}, nil)
+	l, err := SimLoader(o, "")(context.Background(), engineapi.LoadRequest{Path: "llama-3.1-8b-fp8-h100"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,10 +26,10 @@ func TestSimLoader(t *testing.T) {
 		t.Fatal("sim engine has no KV blocks")
 	}
 	o.ServedName = "sim-8b"
-	if l, err = SimLoader(o, "")(context.Background(), LoadRequest{Path: "llama-3.1-8b-fp8-h100"}, nil); err != nil || l.Name != "sim-8b" {
+	if l, err = SimLoader(o, "")(context.Background(), engineapi.LoadRequest{Path: "llama-3.1-8b-fp8-h100"}, nil); err != nil || l.Name != "sim-8b" {
 		t.Fatalf("served name: %v %v", l, err)
 	}
-	if _, err := SimLoader(o, "")(context.Background(), LoadRequest{Path: "no-such-profile"}, nil); err == nil || !strings.Contains(err.Error(), "no-such-profile") {
+	if _, err := SimLoader(o, "")(context.Background(), engineapi.LoadRequest{Path: "no-such-profile"}, nil); err == nil || !strings.Contains(err.Error(), "no-such-profile") {
 		t.Fatalf("unknown profile: %v", err)
 	}
 }
@@ -43,14 +44,14 @@ func TestSchedFor(t *testing.T) {
 }
 
 func TestSimLoaderServesBucketModels(t *testing.T) {
-	l, err := SimLoader(EngineOptions{}, "llama-3.1-8b-fp8-h100")(context.Background(), LoadRequest{Source: "s3://models", Model: "chat"}, nil)
+	l, err := SimLoader(EngineOptions{}, "llama-3.1-8b-fp8-h100")(context.Background(), engineapi.LoadRequest{Source: "s3://models", Model: "chat"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if l.Name != "chat" {
 		t.Fatalf("served as %q, want the model's name", l.Name)
 	}
-	if _, err := SimLoader(EngineOptions{}, "")(context.Background(), LoadRequest{Source: "s3://models", Model: "chat"}, nil); err == nil {
+	if _, err := SimLoader(EngineOptions{}, "")(context.Background(), engineapi.LoadRequest{Source: "s3://models", Model: "chat"}, nil); err == nil {
 		t.Fatal("a sim loader without a default profile loaded a bucket model")
 	}
 }

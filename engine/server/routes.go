@@ -14,6 +14,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/openai"
 )
 
@@ -126,7 +127,7 @@ func (s *Server) health(c *gin.Context) {
 	s.mu.Lock()
 	st := s.state
 	s.mu.Unlock()
-	if st != StateReady {
+	if st != engineapi.StateReady {
 		writeError(c, openai.Unavailable("the engine is %s, not ready", st))
 		return
 	}
@@ -146,7 +147,7 @@ func (s *Server) models(c *gin.Context) {
 }
 
 func (s *Server) adminLoad(c *gin.Context) {
-	var req LoadRequest
+	var req engineapi.LoadRequest
 	if e := s.decodeBody(c, &req); e != nil {
 		writeError(c, e)
 		return

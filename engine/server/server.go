@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stokehq/stoke/engine/core"
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/engine/tokenizer"
 	"github.com/stokehq/stoke/internal/openai"
 )
@@ -45,58 +46,9 @@ type Loaded struct {
 	Close func() error
 }
 
-// LoadRequest names the model /admin/load loads: a checkpoint directory on
-// this node (Path), or a revision in a bucket (Source, Model, Revision).
-type LoadRequest struct {
-	// Path is a checkpoint directory on this node (a profile for the sim).
-	Path string `json:"path,omitempty"`
-	// Source is the bucket holding the model's prefix: s3://bucket[/prefix]
-	// or file:///dir.
-	Source string `json:"source,omitempty"`
-	// Model is the model's name, its prefix in Source.
-	Model string `json:"model,omitempty"`
-	// Revision pins a revision digest; "" loads the current one.
-	Revision string `json:"revision,omitempty"`
-	// ServedModelName names the model in the API (default: the model's
-	// name, or the directory's).
-	ServedModelName string `json:"served_model_name,omitempty"`
-}
-
-// String names the request in logs and errors.
-func (r LoadRequest) String() string {
-	if r.Path != "" {
-		return r.Path
-	}
-	s := strings.TrimSuffix(r.Source, "/") + "/" + r.Model
-	if r.Revision != "" {
-		s += "@" + r.Revision
-	}
-	return s
-}
-
-// LoadProgress is how far a load has come, shown in /admin/state.
-type LoadProgress struct {
-	// Request is what is being loaded.
-	Request LoadRequest `json:"request"`
-	// Revision is the digest being loaded, once known.
-	Revision string `json:"revision,omitempty"`
-	// Tier is where the bytes come from: "t2" the node cache, "t3" the
-	// bucket, "local" a directory on this node.
-	Tier string `json:"tier,omitempty"`
-	// Bytes moved so far, of TotalBytes.
-	Bytes      int64 `json:"bytes"`
-	TotalBytes int64 `json:"total_bytes"`
-	// GBps is the average rate so far in 10⁹ bytes per second.
-	GBps           float64 `json:"gbps"`
-	ElapsedSeconds float64 `json:"elapsed_seconds"`
-	// Done is set once the load finished; Error when it failed.
-	Done  bool   `json:"done"`
-	Error string `json:"error,omitempty"`
-}
-
 // Loader turns a LoadRequest into a Loaded model, reporting progress
 // through progress (which may be called from any goroutine).
-type Loader func(ctx context.Context, req LoadRequest, progress func(LoadProgress)) (*Loaded, error)
+type Loader func(ctx context.Context, req engineapi.LoadRequest, progress func(engineapi.LoadProgress)) (*Loaded, error)
 
 // Options configure a Server.
 type Options struct {
@@ -117,18 +69,6 @@ type Options struct {
 	KernelSet string
 }
 
-// State is where the server's model is in its life.
-type State string
-
-// The server's states.
-const (
-	StateBlank    State = "blank"
-	StateLoading  State = "loading"
-	StateReady    State = "ready"
-	StateSleeping State = "sleeping"
-	StateDraining State = "draining"
-)
-
 const defaultMaxBodyBytes = 8 << 20
 
 // Server serves one model at a time over HTTP.
@@ -143,12 +83,12 @@ type Server struct {
 	op chan struct{}
 
 	mu       sync.Mutex
-	state    State
+	state    engineapi.State
 	model    *Loaded
 	eng      *engineRun
 	active   int // requests holding the engine (acquire without release)
 	shutdown bool
-	progress *LoadProgress // the current or last load
+	progress *engineapi.LoadProgress // the current or last load
 }
 
 // engineRun is an engine and the loop goroutine the server runs for it.
@@ -170,7 +110,7 @@ func New(opts Options) (*Server, error) {
 		opts.MaxBodyBytes = defaultMaxBodyBytes
 	}
 	s := &Server{opts: opts, reg: opts.Registry, log: slog.Default().With("component", "engine-server"),
-		op: make(chan struct{}, 1), state: StateBlank}
+		op: make(chan struct{}, 1), state: engineapi.StateBlank}
 	if s.reg == nil {
 		s.reg = prometheus.NewRegistry()
 	}
@@ -192,13 +132,13 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Load loads the model req names and starts its engine: blank → loading →
 // ready. A server that already holds a model refuses with a 409
 // *openai.Error.
-func (s *Server) Load(ctx context.Context, req LoadRequest) error {
-	if err := s.begin(StateLoading, StateBlank); err != nil {
+func (s *Server) Load(ctx context.Context, req engineapi.LoadRequest) error {
+	if err := s.begin(engineapi.StateLoading, engineapi.StateBlank); err != nil {
 		return err
 	}
 	defer s.end()
-	s.setProgress(LoadProgress{Request: req})
-	l, err := s.opts.Loader(ctx, req, func(p LoadProgress) {
+	s.setProgress(engineapi.LoadProgress{Request: req})
+	l, err := s.opts.Loader(ctx, req, func(p engineapi.LoadProgress) {
 		p.Request = req
 		s.setProgress(p)
 	})
@@ -213,7 +153,7 @@ func (s *Server) Load(ctx context.Context, req LoadRequest) error {
 	}
 	if err != nil {
 		s.failProgress(err)
-		s.settle(StateBlank)
+		s.settle(engineapi.StateBlank)
 		return fmt.Errorf("load model from %s: %w", req, err)
 	}
 	s.mu.Lock()
@@ -225,18 +165,18 @@ func (s *Server) Load(ctx context.Context, req LoadRequest) error {
 		s.mu.Unlock()
 		s.closeModel(l)
 		s.failProgress(err)
-		s.settle(StateBlank)
+		s.settle(engineapi.StateBlank)
 		return fmt.Errorf("load model from %s: %w", req, err)
 	}
 	s.mu.Lock()
 	s.progress.Done = true
 	s.mu.Unlock()
-	s.settle(StateReady)
+	s.settle(engineapi.StateReady)
 	s.log.Info("model loaded", "model", l.Name, "from", req.String())
 	return nil
 }
 
-func (s *Server) setProgress(p LoadProgress) {
+func (s *Server) setProgress(p engineapi.LoadProgress) {
 	s.mu.Lock()
 	p.Done = false
 	s.progress = &p
@@ -266,12 +206,12 @@ func checkLoaded(l *Loaded) error {
 // Sleep drains the engine and stops its loop so the KV pool is freed;
 // the weights stay loaded: ready → draining → sleeping.
 func (s *Server) Sleep(ctx context.Context) error {
-	if err := s.begin(StateDraining, StateReady); err != nil {
+	if err := s.begin(engineapi.StateDraining, engineapi.StateReady); err != nil {
 		return err
 	}
 	defer s.end()
 	s.stopEngine(ctx)
-	s.settle(StateSleeping)
+	s.settle(engineapi.StateSleeping)
 	s.log.Info("model asleep", "model", s.modelName())
 	return nil
 }
@@ -279,7 +219,7 @@ func (s *Server) Sleep(ctx context.Context) error {
 // Wake starts a fresh engine for the sleeping model: sleeping → loading →
 // ready.
 func (s *Server) Wake(ctx context.Context) error {
-	if err := s.begin(StateLoading, StateSleeping); err != nil {
+	if err := s.begin(engineapi.StateLoading, engineapi.StateSleeping); err != nil {
 		return err
 	}
 	defer s.end()
@@ -287,10 +227,10 @@ func (s *Server) Wake(ctx context.Context) error {
 	l := s.model
 	s.mu.Unlock()
 	if err := s.startEngine(l); err != nil {
-		s.settle(StateSleeping)
+		s.settle(engineapi.StateSleeping)
 		return fmt.Errorf("wake model %s: %w", l.Name, err)
 	}
-	s.settle(StateReady)
+	s.settle(engineapi.StateReady)
 	s.log.Info("model awake", "model", l.Name)
 	return nil
 }
@@ -298,7 +238,7 @@ func (s *Server) Wake(ctx context.Context) error {
 // Unload stops the engine (as Sleep does) and releases the weights:
 // ready or sleeping → draining → blank.
 func (s *Server) Unload(ctx context.Context) error {
-	if err := s.begin(StateDraining, StateReady, StateSleeping); err != nil {
+	if err := s.begin(engineapi.StateDraining, engineapi.StateReady, engineapi.StateSleeping); err != nil {
 		return err
 	}
 	defer s.end()
@@ -308,7 +248,7 @@ func (s *Server) Unload(ctx context.Context) error {
 	s.model = nil
 	s.mu.Unlock()
 	err := s.closeModel(l)
-	s.settle(StateBlank)
+	s.settle(engineapi.StateBlank)
 	s.log.Info("model unloaded", "model", l.Name)
 	return err
 }
@@ -320,7 +260,7 @@ func (s *Server) Unload(ctx context.Context) error {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.shutdown = true
-	s.state = StateDraining
+	s.state = engineapi.StateDraining
 	s.mu.Unlock()
 	waitErr := s.waitIdle(ctx)
 	select {
@@ -365,7 +305,7 @@ func (s *Server) waitIdle(ctx context.Context) error {
 
 // begin starts a lifecycle operation: the server must be in one of from;
 // it moves to the transitional state to.
-func (s *Server) begin(to State, from ...State) error {
+func (s *Server) begin(to engineapi.State, from ...engineapi.State) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.shutdown {
@@ -376,7 +316,7 @@ func (s *Server) begin(to State, from ...State) error {
 		ok = ok || s.state == f
 	}
 	if !ok {
-		if to == StateLoading && s.model != nil && (s.state == StateReady || s.state == StateSleeping) && from[0] == StateBlank {
+		if to == engineapi.StateLoading && s.model != nil && (s.state == engineapi.StateReady || s.state == engineapi.StateSleeping) && from[0] == engineapi.StateBlank {
 			return openai.Conflict("a model (%s) is already loaded; unload it first", s.model.Name)
 		}
 		return openai.Conflict("the engine server is %s, not %s", s.state, joinStates(from))
@@ -390,7 +330,7 @@ func (s *Server) begin(to State, from ...State) error {
 	return nil
 }
 
-func joinStates(states []State) string {
+func joinStates(states []engineapi.State) string {
 	parts := make([]string, len(states))
 	for i, st := range states {
 		parts[i] = string(st)
@@ -399,7 +339,7 @@ func joinStates(states []State) string {
 }
 
 // settle sets the state an operation ends in, unless Shutdown took over.
-func (s *Server) settle(st State) {
+func (s *Server) settle(st engineapi.State) {
 	s.mu.Lock()
 	if !s.shutdown {
 		s.state = st
@@ -503,11 +443,11 @@ func (s *Server) stopEngineNow() {
 func (s *Server) acquire() (*Loaded, *core.Engine, *openai.Error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.state != StateReady || s.eng == nil {
+	if s.state != engineapi.StateReady || s.eng == nil {
 		switch s.state {
-		case StateBlank:
+		case engineapi.StateBlank:
 			return nil, nil, openai.Unavailable("no model is loaded")
-		case StateDraining:
+		case engineapi.StateDraining:
 			return nil, nil, openai.Unavailable("the engine is draining and admits no new requests")
 		}
 		return nil, nil, openai.Unavailable("the engine is %s, not ready", s.state)
@@ -543,29 +483,11 @@ func (s *Server) release() {
 	s.mu.Unlock()
 }
 
-// StateInfo is the GET /admin/state body.
-type StateInfo struct {
-	State   State  `json:"state"`
-	Model   string `json:"model"`
-	KV      KVInfo `json:"kv"`
-	Running int    `json:"running"`
-	Waiting int    `json:"waiting"`
-	// Load is the current or last load's progress; nil before any load.
-	Load *LoadProgress `json:"load,omitempty"`
-}
-
-// KVInfo is the KV pool part of StateInfo: its size in blocks (0 when no
-// engine runs) and the fraction in use.
-type KVInfo struct {
-	Blocks int     `json:"blocks"`
-	Usage  float64 `json:"usage"`
-}
-
 // Info reports the server's state.
-func (s *Server) Info() StateInfo {
+func (s *Server) Info() engineapi.StateInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	info := StateInfo{State: s.state}
+	info := engineapi.StateInfo{State: s.state}
 	if s.progress != nil {
 		p := *s.progress
 		info.Load = &p
@@ -575,7 +497,7 @@ func (s *Server) Info() StateInfo {
 	}
 	if s.eng != nil {
 		st := s.eng.engine.Stats()
-		info.KV = KVInfo{Blocks: st.KVBlocks, Usage: st.KVUsage}
+		info.KV = engineapi.KVInfo{Blocks: st.KVBlocks, Usage: st.KVUsage}
 		info.Running, info.Waiting = st.Running, st.Waiting
 	}
 	return info

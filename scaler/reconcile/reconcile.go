@@ -21,6 +21,7 @@ import (
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
+	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/runtime"
 	"github.com/stokehq/stoke/scaler"
 	"github.com/stokehq/stoke/weightstore/manifest"
@@ -392,7 +393,7 @@ type Status struct {
 	Reason  string `json:"reason,omitempty"`
 	// LastColdStart is the tier of the latest acquisition ("" before
 	// the first).
-	LastColdStart runtime.Tier `json:"last_cold_start,omitempty"`
+	LastColdStart tier.Tier `json:"last_cold_start,omitempty"`
 }
 
 // Status returns a deployment's live state.
@@ -647,7 +648,7 @@ func (c *Controller) Acquisition(name, id string) (*runtime.Replica, bool) {
 // without it in the cache, t4 no idle runtime at all and an empty warm pool
 // until the next acquisition. A deployment that keeps replicas (min > 0)
 // cannot be prepared.
-func (c *Controller) Prepare(ctx context.Context, name string, tier runtime.Tier) error {
+func (c *Controller) Prepare(ctx context.Context, name string, want tier.Tier) error {
 	c.mu.Lock()
 	d, ok := c.deps[name]
 	if !ok {
@@ -705,8 +706,8 @@ func (c *Controller) Prepare(ctx context.Context, name string, tier runtime.Tier
 		}
 		return c.opts.Runtimes.Release(ctx, rep.ID)
 	}
-	switch tier {
-	case runtime.TierWake:
+	switch want {
+	case tier.Wake:
 		if len(idle(runtime.StateSleeping)) == 0 {
 			if err := cycle(); err != nil {
 				return fmt.Errorf("prepare %s for t1: %w", name, err)
@@ -716,14 +717,14 @@ func (c *Controller) Prepare(ctx context.Context, name string, tier runtime.Tier
 			return fmt.Errorf("prepare %s for t1: its replica did not go to sleep (is the sleep budget big enough?)", name)
 		}
 		return nil
-	case runtime.TierCache, runtime.TierBucket, runtime.TierStart:
+	case tier.Cache, tier.Bucket, tier.Start:
 	default:
-		return openai.InvalidRequest("tier", "tier %q is not t1, t2, t3 or t4", tier)
+		return openai.InvalidRequest("tier", "tier %q is not t1, t2, t3 or t4", want)
 	}
 	if c.opts.Cache == nil {
-		return fmt.Errorf("prepare %s for %s: no node cache to prepare", name, tier)
+		return fmt.Errorf("prepare %s for %s: no node cache to prepare", name, want)
 	}
-	if tier == runtime.TierCache {
+	if want == tier.Cache {
 		if v, err := c.opts.Cache.OpenRevision(ctx, revision); err == nil {
 			v.Close()
 		} else if err := cycle(); err != nil {
@@ -732,11 +733,11 @@ func (c *Controller) Prepare(ctx context.Context, name string, tier runtime.Tier
 	}
 	for _, id := range idle(runtime.StateSleeping) {
 		if err := c.opts.Runtimes.Unload(ctx, id); err != nil {
-			return fmt.Errorf("prepare %s for %s: %w", name, tier, err)
+			return fmt.Errorf("prepare %s for %s: %w", name, want, err)
 		}
 	}
-	switch tier {
-	case runtime.TierCache:
+	switch want {
+	case tier.Cache:
 		// The runtime that loaded it commits the cache after serving.
 		for {
 			v, err := c.opts.Cache.OpenRevision(ctx, revision)
@@ -750,11 +751,11 @@ func (c *Controller) Prepare(ctx context.Context, name string, tier runtime.Tier
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
-	case runtime.TierBucket:
+	case tier.Bucket:
 		if err := c.opts.Cache.Remove(ctx, revision); err != nil && !errors.Is(err, nodecache.ErrNotExist) {
 			return fmt.Errorf("prepare %s for t3: %w", name, err)
 		}
-	case runtime.TierStart:
+	case tier.Start:
 		c.mu.Lock()
 		c.restoreWarm = true
 		c.mu.Unlock()
@@ -766,11 +767,11 @@ func (c *Controller) Prepare(ctx context.Context, name string, tier runtime.Tier
 	// t2 and t3 load into a warm blank runtime.
 	for len(idle(runtime.StateBlank)) == 0 {
 		if c.opts.Warm == 0 {
-			return fmt.Errorf("prepare %s for %s: the warm pool is empty (serve --warm 0)", name, tier)
+			return fmt.Errorf("prepare %s for %s: the warm pool is empty (serve --warm 0)", name, want)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("prepare %s for %s: no warm runtime: %w", name, tier, ctx.Err())
+			return fmt.Errorf("prepare %s for %s: no warm runtime: %w", name, want, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

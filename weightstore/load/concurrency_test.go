@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stokehq/stoke/engine/core"
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/engine/generate"
 	"github.com/stokehq/stoke/engine/kernels"
 	"github.com/stokehq/stoke/engine/kernels/kernelstest"
@@ -184,7 +185,7 @@ func checkConcurrentMatchesAlone(t *testing.T, set *kernels.Set, dir string, l c
 	serve := func(budget int) *server.Loaded {
 		opts := Options{Engine: server.EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: budget, MaxNumSeqs: concurrentRequests}, PrefixCaching: true},
 			KVCacheBytes: 64 << 20, Threads: 2, Kernels: set}
-		loaded, err := Checkpoint(opts)(context.Background(), server.LoadRequest{Path: dir}, nil)
+		loaded, err := Checkpoint(opts)(context.Background(), engineapi.LoadRequest{Path: dir}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

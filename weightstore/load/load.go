@@ -13,6 +13,7 @@ import (
 
 	"github.com/stokehq/stoke/engine/core"
 	"github.com/stokehq/stoke/engine/device"
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/engine/kernels"
 	"github.com/stokehq/stoke/engine/kvcache"
 	"github.com/stokehq/stoke/engine/server"
@@ -51,9 +52,9 @@ func Checkpoint(o Options) server.Loader {
 	if o.Device == nil {
 		o.Device = device.NewCPU()
 	}
-	return func(ctx context.Context, req server.LoadRequest, progress func(server.LoadProgress)) (*server.Loaded, error) {
+	return func(ctx context.Context, req engineapi.LoadRequest, progress func(engineapi.LoadProgress)) (*server.Loaded, error) {
 		if progress == nil {
-			progress = func(server.LoadProgress) {}
+			progress = func(engineapi.LoadProgress) {}
 		}
 		if req.ServedModelName != "" {
 			o.Engine.ServedName = req.ServedModelName
@@ -65,8 +66,8 @@ func Checkpoint(o Options) server.Loader {
 	}
 }
 
-func (o Options) fromDir(path string, progress func(server.LoadProgress)) (*server.Loaded, error) {
-	progress(server.LoadProgress{Tier: "local"})
+func (o Options) fromDir(path string, progress func(engineapi.LoadProgress)) (*server.Loaded, error) {
+	progress(engineapi.LoadProgress{Tier: "local"})
 	tok := parseTokenizer(func() (*tokenizer.Tokenizer, error) { return tokenizer.Load(path) })
 	ck, err := checkpoint.Open(path)
 	if err != nil {
@@ -102,14 +103,14 @@ func parseTokenizer(parse func() (*tokenizer.Tokenizer, error)) func() (*tokeniz
 	})
 }
 
-func (o Options) fromBucket(ctx context.Context, req server.LoadRequest, progress func(server.LoadProgress)) (*server.Loaded, error) {
+func (o Options) fromBucket(ctx context.Context, req engineapi.LoadRequest, progress func(engineapi.LoadProgress)) (*server.Loaded, error) {
 	b, err := bucket.Open(ctx, req.Source, o.S3)
 	if err != nil {
 		return nil, err
 	}
 	so := o.Stream
 	so.Progress = func(p loader.Progress) {
-		progress(server.LoadProgress{Bytes: p.Bytes, TotalBytes: p.Total, GBps: p.GBps(), ElapsedSeconds: p.Elapsed.Seconds()})
+		progress(engineapi.LoadProgress{Bytes: p.Bytes, TotalBytes: p.Total, GBps: p.GBps(), ElapsedSeconds: p.Elapsed.Seconds()})
 	}
 	var tok func() (*tokenizer.Tokenizer, error)
 	so.HostFiles = func(host map[string][]byte) {
@@ -131,7 +132,7 @@ func (o Options) fromBucket(ctx context.Context, req server.LoadRequest, progres
 	if tok == nil { // a load with no host files to hand over
 		so.HostFiles(res.Host)
 	}
-	progress(server.LoadProgress{Revision: res.Manifest.Revision, Tier: string(res.Tier), Bytes: res.Manifest.TotalBytes,
+	progress(engineapi.LoadProgress{Revision: res.Manifest.Revision, Tier: res.Tier, Bytes: res.Manifest.TotalBytes,
 		TotalBytes: res.Manifest.TotalBytes, GBps: float64(res.Manifest.TotalBytes) / res.Elapsed.Seconds() / 1e9, ElapsedSeconds: res.Elapsed.Seconds()})
 	files, ok := res.Files()
 	if !ok {

@@ -9,12 +9,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stokehq/stoke/engine/core"
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/engine/kernels"
 	"github.com/stokehq/stoke/engine/kernels/kernelstest"
 	"github.com/stokehq/stoke/engine/sample"
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/server"
 	"github.com/stokehq/stoke/internal/testmodel"
+	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/bucket/bucketest"
 	"github.com/stokehq/stoke/weightstore/nodecache"
@@ -32,14 +34,14 @@ func TestCheckpointLoaderErrors(t *testing.T) {
 		{"kv too small", stories, Options{KVCacheBytes: 100}, "holds no block"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Checkpoint(tc.opts)(context.Background(), server.LoadRequest{Path: tc.path}, nil)
+			_, err := Checkpoint(tc.opts)(context.Background(), engineapi.LoadRequest{Path: tc.path}, nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want %q", err, tc.want)
 			}
 		})
 	}
 	loaded, err := Checkpoint(Options{Engine: server.EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 64, MaxNumSeqs: 4, MaxModelLen: 100000}},
-		KVCacheBytes: 1 << 20})(context.Background(), server.LoadRequest{Path: stories}, nil)
+		KVCacheBytes: 1 << 20})(context.Background(), engineapi.LoadRequest{Path: stories}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,9 +80,9 @@ func checkBucketServesGolden(t *testing.T, set *kernels.Set, root, revision stri
 		t.Fatal(err)
 	}
 	opts := Options{Engine: server.EngineOptions{Sched: sched.Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 8}}, KVCacheBytes: 16 << 20, Threads: 2, Cache: cache, Kernels: set}
-	for _, wantTier := range []string{"t3", "t2"} {
-		var last server.LoadProgress
-		loaded, err := Checkpoint(opts)(ctx, server.LoadRequest{Source: root, Model: "stories", Revision: revision}, func(p server.LoadProgress) { last = p })
+	for _, wantTier := range []tier.Tier{tier.Bucket, tier.Cache} {
+		var last engineapi.LoadProgress
+		loaded, err := Checkpoint(opts)(ctx, engineapi.LoadRequest{Source: root, Model: "stories", Revision: revision}, func(p engineapi.LoadProgress) { last = p })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,14 +126,14 @@ func TestBucketSourceErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		s3   bucket.S3Options
-		req  server.LoadRequest
+		req  engineapi.LoadRequest
 		want string
 	}{
-		{"wrong credentials", wrongCreds, server.LoadRequest{Source: "s3://models", Model: "m"}, "access denied"},
-		{"missing bucket", good, server.LoadRequest{Source: "s3://no-such-bucket", Model: "m"}, "bucket does not exist"},
-		{"missing model", good, server.LoadRequest{Source: "s3://models", Model: "m"}, "not a pushed revision"},
-		{"bad model name", good, server.LoadRequest{Source: "s3://models", Model: "../m"}, "load model"},
-		{"unsupported scheme", good, server.LoadRequest{Source: "gs://models", Model: "m"}, "unsupported scheme"},
+		{"wrong credentials", wrongCreds, engineapi.LoadRequest{Source: "s3://models", Model: "m"}, "access denied"},
+		{"missing bucket", good, engineapi.LoadRequest{Source: "s3://no-such-bucket", Model: "m"}, "bucket does not exist"},
+		{"missing model", good, engineapi.LoadRequest{Source: "s3://models", Model: "m"}, "not a pushed revision"},
+		{"bad model name", good, engineapi.LoadRequest{Source: "s3://models", Model: "../m"}, "load model"},
+		{"unsupported scheme", good, engineapi.LoadRequest{Source: "gs://models", Model: "m"}, "unsupported scheme"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Checkpoint(Options{S3: tc.s3, KVCacheBytes: 1 << 20})(context.Background(), tc.req, nil)

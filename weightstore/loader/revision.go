@@ -15,20 +15,10 @@ import (
 
 	"github.com/stokehq/stoke/engine/device"
 	"github.com/stokehq/stoke/internal/ctxio"
+	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/manifest"
 	"github.com/stokehq/stoke/weightstore/nodecache"
-)
-
-// Tier says where a load's bytes came from, in DESIGN.md's cold-start terms.
-type Tier string
-
-// The tiers a load reports.
-const (
-	// TierCache: every file came from the node cache (T2).
-	TierCache Tier = "t2"
-	// TierBucket: some files came from the bucket (T3).
-	TierBucket Tier = "t3"
 )
 
 // Request names the revision to load.
@@ -47,7 +37,7 @@ type Request struct {
 // buffers; the small files beside them in host memory.
 type Result struct {
 	Manifest *manifest.Manifest
-	Tier     Tier
+	Tier     tier.Tier
 	// Device holds each weight file's buffer by file name.
 	Device map[string]device.Buffer
 	// Host holds every other file's content by file name.
@@ -194,7 +184,7 @@ func loadCached(ctx context.Context, dev device.Device, cache nodecache.Cache, r
 	if err != nil {
 		return nil, err
 	}
-	res.Tier = TierCache
+	res.Tier = tier.Cache
 	var opened []*os.File
 	defer func() {
 		for _, f := range opened {
@@ -229,7 +219,7 @@ func loadRemote(ctx context.Context, dev device.Device, cache nodecache.Cache, r
 	if err != nil {
 		return nil, err
 	}
-	res.Tier = TierBucket
+	res.Tier = tier.Bucket
 	var closers []io.Closer
 	var writes []cacheWrite
 	defer func() {
@@ -274,7 +264,7 @@ func loadRemote(ctx context.Context, dev device.Device, cache nodecache.Cache, r
 		return nil, err
 	}
 	if res.FromBucket == 0 {
-		res.Tier = TierCache
+		res.Tier = tier.Cache
 	}
 	if cache != nil {
 		res.cached = make(chan struct{})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stokehq/stoke/engine/device"
 	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/bucket/bucketest"
 	"github.com/stokehq/stoke/weightstore/manifest"
@@ -130,7 +131,7 @@ func TestLoadRevisionFromBucketThenCache(t *testing.T) {
 			if err := first.WaitCache(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if first.Tier != TierBucket || first.FromBucket != m.TotalBytes || first.Manifest.Revision != m.Revision {
+			if first.Tier != tier.Bucket || first.FromBucket != m.TotalBytes || first.Manifest.Revision != m.Revision {
 				t.Fatalf("first load: tier %s, %d bytes from the bucket, revision %s; want t3, %d, %s", first.Tier, first.FromBucket, first.Manifest.Revision, m.TotalBytes, m.Revision)
 			}
 			checkSame(t, first, src)
@@ -140,7 +141,7 @@ func TestLoadRevisionFromBucketThenCache(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer second.Free()
-			if second.Tier != TierCache || second.FromBucket != 0 || second.FromCache != m.TotalBytes {
+			if second.Tier != tier.Cache || second.FromBucket != 0 || second.FromCache != m.TotalBytes {
 				t.Fatalf("second load: tier %s, %d bytes from the bucket, %d from the cache; want t2 and all from the cache", second.Tier, second.FromBucket, second.FromCache)
 			}
 			checkSame(t, second, src)
@@ -174,7 +175,7 @@ func TestLoadRevisionHandsOverHostFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []Tier{TierBucket, TierCache} {
+	for _, want := range []tier.Tier{tier.Bucket, tier.Cache} {
 		var events, handovers int
 		var host map[string][]byte
 		opts := Options{Parallel: 2, ChunkSize: 64 << 10,
@@ -387,7 +388,7 @@ func TestPrefetchFillsTheCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer res.Free()
-	if res.Tier != TierCache {
+	if res.Tier != tier.Cache {
 		t.Fatalf("load after a prefetch: %s, want t2", res.Tier)
 	}
 	checkSame(t, res, src)
