@@ -28,22 +28,6 @@ import (
 	"github.com/stokehq/stoke/weightstore/nodecache"
 )
 
-// State is a runtime's lifecycle state.
-type State string
-
-// The runtime states.
-const (
-	StateStarting State = "starting"
-	StateBlank    State = "blank"
-	StateLoading  State = "loading"
-	StateReady    State = "ready"
-	StateSleeping State = "sleeping"
-	StateDraining State = "draining"
-	StateStopped  State = "stopped"
-	// StateGone is a runtime that died or stopped answering.
-	StateGone State = "gone"
-)
-
 // Class is a slot's capacity class.
 type Class string
 
@@ -908,10 +892,15 @@ func (m *Manager) sortedRuntimes() []*runtimeState {
 	return rs
 }
 
+// setState moves r to st, when the lifecycle allows it: a runtime that
+// is gone stays gone, and any other refused move is a bug, logged as one.
 func (m *Manager) setState(r *runtimeState, st State, model, reason string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if r.state == StateGone {
+	if !canMove(r.state, st) {
+		if r.state != StateGone {
+			m.log.Error("refused a runtime state change", "err", errMove(r.id, r.state, st))
+		}
 		return
 	}
 	r.state = st
