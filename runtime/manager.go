@@ -372,7 +372,7 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 				m.mu.Lock()
 				if !m.closed {
 					m.wg.Add(1)
-					go m.prefetch(model, st.Load.Revision)
+					go m.prefetchAfterLoad(model, st.Load.Revision)
 				}
 				m.mu.Unlock()
 			}
@@ -429,13 +429,24 @@ func (m *Manager) openView(ctx context.Context, revision string) nodecache.Revis
 	return v
 }
 
-// prefetch fills the node cache with a revision a runtime loaded from the
-// bucket, so the next load of it on this node is T2.
-func (m *Manager) prefetch(model, revision string) {
-	defer m.wg.Done()
-	if m.opts.Bucket == nil {
-		return
+// Prefetch fills the node cache with a revision from the bucket, so that
+// the next load of it on this node is T2. It is the one place the node
+// cache is filled: after a load from the bucket (T3), and when a
+// deployment moves to a new revision.
+func (m *Manager) Prefetch(ctx context.Context, model, revision string) error {
+	if m.opts.Cache == nil || m.opts.Bucket == nil {
+		return nil
 	}
+	if _, err := loader.Prefetch(ctx, m.opts.Cache, loader.Request{Bucket: m.opts.Bucket, Model: model, Revision: revision}, loader.Options{}); err != nil {
+		return fmt.Errorf("prefetch %s@%s into the node cache: %w", model, revision, err)
+	}
+	return nil
+}
+
+// prefetchAfterLoad is Prefetch in the background, after a runtime loaded
+// a revision from the bucket; it ends when the manager closes.
+func (m *Manager) prefetchAfterLoad(model, revision string) {
+	defer m.wg.Done()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -445,8 +456,8 @@ func (m *Manager) prefetch(model, revision string) {
 		case <-ctx.Done():
 		}
 	}()
-	if _, err := loader.Prefetch(ctx, m.opts.Cache, loader.Request{Bucket: m.opts.Bucket, Model: model, Revision: revision}, loader.Options{}); err != nil {
-		m.log.Warn("node cache prefetch failed", "model", model, "revision", revision, "err", err)
+	if err := m.Prefetch(ctx, model, revision); err != nil && !errors.Is(err, context.Canceled) {
+		m.log.Warn("node cache prefetch failed", "err", err)
 	}
 }
 

@@ -50,7 +50,8 @@ type Options struct {
 	// containers live in (default "stoke").
 	Socket, Namespace string
 	// Image is the engine image's reference, already imported and
-	// unpacked into Snapshotter (default "overlayfs").
+	// unpacked into Snapshotter (default: overlayfs or native, the first
+	// that holds the unpacked image).
 	Image, Snapshotter string
 	// Dir is the host directory of the runtimes' sockets and logs; it is
 	// mounted at /run/stoke in every container.
@@ -83,9 +84,6 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.Namespace == "" {
 		opts.Namespace = "stoke"
 	}
-	if opts.Snapshotter == "" {
-		opts.Snapshotter = "overlayfs"
-	}
 	if opts.RuncRoot == "" {
 		opts.RuncRoot = filepath.Join(opts.Dir, "runc")
 	}
@@ -106,9 +104,22 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("containerd backend: connect to %s: %w", opts.Socket, err)
 	}
 	b := &Backend{opts: opts, client: client}
-	if _, err := client.GetImage(b.ctx(ctx), opts.Image); err != nil {
+	img, err := client.GetImage(b.ctx(ctx), opts.Image)
+	if err != nil {
 		client.Close()
 		return nil, fmt.Errorf("containerd backend: image %s: %w (build and import it with `stoke images build --import`)", opts.Image, err)
+	}
+	if b.opts.Snapshotter == "" {
+		for _, sn := range []string{"overlayfs", "native"} {
+			if ok, err := img.IsUnpacked(b.ctx(ctx), sn); err == nil && ok {
+				b.opts.Snapshotter = sn
+				break
+			}
+		}
+		if b.opts.Snapshotter == "" {
+			client.Close()
+			return nil, fmt.Errorf("containerd backend: image %s is not unpacked into overlayfs or native (import it with `stoke images build --import`)", opts.Image)
+		}
 	}
 	if opts.Views != "" {
 		if err := shareViews(opts.Views); err != nil {
