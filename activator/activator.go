@@ -65,7 +65,6 @@ type Activator struct {
 type route struct {
 	pool     *Pool
 	buffer   *Buffer
-	ttft     latencies
 	mu       sync.RWMutex
 	addrs    map[string]string // replica id → engine address
 	inflight atomic.Int64
@@ -73,6 +72,10 @@ type route struct {
 	arrivals atomic.Int64 // requests ever received
 	// latency sums the durations of answered requests, for their mean.
 	latencySum, latencyN atomic.Int64
+
+	// queueWait holds recent buffer waits, for the scaler's queue-wait
+	// signal.
+	queueWait queueWaits
 }
 
 // New returns an activator.
@@ -106,16 +109,21 @@ func (a *Activator) Traffic(deployment string) (arrivals int64, meanLatency time
 	return r.arrivals.Load(), meanLatency
 }
 
-// TTFTp90 is the 90th percentile time to first token of a deployment's
-// recent requests, as the activator sees it (0 when unknown).
-func (a *Activator) TTFTp90(deployment string) time.Duration {
+// QueueWaitP90 is the 90th percentile of how long a deployment's requests
+// waited in its buffer for a replica, over the requests whose wait ended
+// within its stable window (spec.Window), counting only waiting for the
+// replicas routable at the time (see queueWaits); 0 when there was none.
+// It is the scaler's queue-wait signal, read at the scaler's cadence.
+func (a *Activator) QueueWaitP90(deployment string) time.Duration {
 	a.mu.RLock()
 	r, ok := a.deps[deployment]
 	a.mu.RUnlock()
 	if !ok {
 		return 0
 	}
-	return r.ttft.p90()
+	_, spec, _ := a.opts.Resolver.Lookup(deployment)
+	p90, _ := r.queueWait.p90(time.Now(), time.Duration(spec.Window))
+	return p90
 }
 
 // routeFor returns a deployment's routing state, creating it.
@@ -149,7 +157,9 @@ func (a *Activator) AddReplica(deployment, id, addr string, capacity int) {
 	r.mu.Unlock()
 	if err := r.pool.Add(id, capacity); err != nil {
 		a.log.Warn("add replica", "deployment", deployment, "replica", id, "err", err)
+		return
 	}
+	r.queueWait.grow(time.Now())
 }
 
 // RemoveReplica stops routing to a replica and waits until its requests
@@ -210,11 +220,6 @@ func (a *Activator) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	start := time.Now()
 	rec := &recorder{ResponseWriter: w}
 	model, r := a.serve(rec, req)
-	// The scaler's TTFT signal is the replicas' own: requests that waited
-	// for one (a cold start) would only ask for more.
-	if r != nil && rec.status == http.StatusOK && !rec.first.IsZero() && !rec.queued {
-		r.ttft.add(rec.first.Sub(start))
-	}
 	if r != nil && rec.status == http.StatusOK && !rec.queued {
 		r.latencySum.Add(int64(time.Since(start)))
 		r.latencyN.Add(1)
@@ -258,6 +263,7 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 		var id string
 		var release ReleaseFunc
 		r.waiting.Add(1)
+		asked := time.Now()
 		ticket, err := r.buffer.Acquire(ctx, ir.Priority, deadline, func() bool {
 			var ok bool
 			id, release, ok = r.pool.Pick(key)
@@ -274,12 +280,14 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 					Message: "model " + ir.Model + " has too many requests waiting for a replica; retry shortly"}, 1)
 				return ir.Model, r
 			case errors.Is(err, ErrDeadline):
+				r.queueWait.add(time.Now(), time.Since(asked), time.Duration(spec.Window))
 				writeError(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "no_replica",
 					Message: "no replica of " + ir.Model + " became available in time; retry shortly"}, 5)
 				return ir.Model, r
 			}
 			return ir.Model, r // the client went away
 		}
+		r.queueWait.add(time.Now(), ticket.Waited, time.Duration(spec.Window))
 		r.mu.RLock()
 		addr := r.addrs[id]
 		r.mu.RUnlock()

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
-	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -144,31 +142,4 @@ func usageOf(tail []byte) (openai.Usage, bool) {
 		return openai.Usage{}, false
 	}
 	return u, u.PromptTokens+u.CompletionTokens > 0
-}
-
-// latencies keeps a deployment's recent times to first token, for the
-// scaler's TTFT signal.
-type latencies struct {
-	mu   sync.Mutex
-	ring [256]time.Duration
-	n    int
-}
-
-func (l *latencies) add(d time.Duration) {
-	l.mu.Lock()
-	l.ring[l.n%len(l.ring)] = d
-	l.n++
-	l.mu.Unlock()
-}
-
-// p90 is the 90th percentile of the recent samples (0 without any).
-func (l *latencies) p90() time.Duration {
-	l.mu.Lock()
-	s := slices.Clone(l.ring[:min(l.n, len(l.ring))])
-	l.mu.Unlock()
-	if len(s) == 0 {
-		return 0
-	}
-	slices.Sort(s)
-	return s[len(s)*9/10]
 }

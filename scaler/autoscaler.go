@@ -3,6 +3,7 @@ package scaler
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -14,8 +15,9 @@ const (
 	SignalConcurrency    = "concurrency"
 	SignalQueue          = "queue"
 	SignalKV             = "kv"
-	SignalTTFT           = "ttft"
+	SignalQueueWait      = "queue_wait"
 	SignalPredictive     = "predictive"
+	SignalIdle           = "idle"
 	SignalPanicHold      = "panic_hold"
 	SignalScaleDownDelay = "scale_down_delay"
 	SignalMin            = "min"
@@ -35,8 +37,10 @@ type Signals struct {
 	// KVUsage is vllm:kv_cache_usage_perc (0..1) across ready replicas; the
 	// caller picks max or mean.
 	KVUsage float64
-	// TTFTp90 is the recent p90 time to first token; 0 means unknown.
-	TTFTp90 time.Duration
+	// QueueWaitP90 is the p90 of how long requests recently waited in the
+	// activator's buffer for a replica (the router's samples of the last
+	// stable window); 0 means none waited or there were no samples.
+	QueueWaitP90 time.Duration
 	// AvgLatency is the recent mean request duration, used by the predictive
 	// floor; 0 falls back to Config.AvgLatency.
 	AvgLatency time.Duration
@@ -55,7 +59,7 @@ type Decision struct {
 	// "concurrency: stable avg 23.1 / target 8 → 3".
 	Reason string
 	// PerSignal is each demand signal's own count (concurrency, queue, kv,
-	// ttft); a signal that is not firing reads 0.
+	// queue_wait); a signal that is not firing reads 0.
 	PerSignal map[string]int
 	// PredictiveFloor is the forecaster's floor (0 when off or no data).
 	PredictiveFloor int
@@ -76,6 +80,10 @@ type Autoscaler struct {
 	arrivals    *forecaster
 	hold        maxHold
 	poked       bool
+	busySeen    bool  // lastBusy is set
+	lastBusy    int64 // latest time with requests in flight, buffered or arriving
+	arrivalSeen bool  // lastArrival is set
+	lastArrival int64 // latest time a request arrived
 	panicking   bool
 	panicSince  int64
 	panicLast   int64
@@ -120,8 +128,17 @@ func (a *Autoscaler) Record(now time.Time, concurrency float64) {
 	}
 	concurrency = max(concurrency, 0)
 	a.mu.Lock()
-	a.conc.set(a.tick(now), concurrency)
+	t := a.tick(now)
+	if a.conc.value > 0 || concurrency > 0 { // the previous value held until t
+		a.markBusy(t)
+	}
+	a.conc.set(t, concurrency)
 	a.mu.Unlock()
+}
+
+// markBusy notes that the deployment had demand at t. Callers hold mu.
+func (a *Autoscaler) markBusy(t int64) {
+	a.busySeen, a.lastBusy = true, t
 }
 
 // SetColdStart updates how far ahead the predictive floor looks: the
@@ -139,7 +156,12 @@ func (a *Autoscaler) RecordArrival(now time.Time) { a.RecordArrivals(now, 1) }
 // callers that batch their counting. n <= 0 only advances the clock.
 func (a *Autoscaler) RecordArrivals(now time.Time, n int) {
 	a.mu.Lock()
-	a.arrivals.add(a.tick(now), float64(max(n, 0)))
+	t := a.tick(now)
+	if n > 0 {
+		a.markBusy(t)
+		a.arrivalSeen, a.lastArrival = true, t
+	}
+	a.arrivals.add(t, float64(max(n, 0)))
 	a.mu.Unlock()
 }
 
@@ -149,7 +171,7 @@ func (a *Autoscaler) RecordArrivals(now time.Time, n int) {
 // for a deployment without a ready replica.
 func (a *Autoscaler) Poke(now time.Time) {
 	a.mu.Lock()
-	a.tick(now)
+	a.markBusy(a.tick(now))
 	a.poked = true
 	a.mu.Unlock()
 }
@@ -176,6 +198,16 @@ type candidate struct {
 // the engines' current signals. It updates panic mode, the scale-down hold
 // and the previous decision, so call it at the cadence decisions are acted
 // on (e.g. every 2 s).
+//
+// The demand signals are concurrency (the window averages of in-flight plus
+// buffered requests over the target), queue (engine-queued requests beyond
+// what the ready replicas absorb), kv (cache usage above KVUsageHigh) and
+// queue_wait (the p90 time requests waited in the activator's buffer above
+// TTFTSLO). The last three ask for more replicas than are ready, so they
+// count only while the deployment has requests in flight or buffered. A
+// deployment with nothing in flight, buffered or arriving for a whole
+// StableWindow is idle: it recommends zero whatever its past signals (panic
+// mode ends), so it reaches MinReplicas after StableWindow + ScaleDownDelay.
 func (a *Autoscaler) Decide(now time.Time, s Signals) Decision {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -184,47 +216,57 @@ func (a *Autoscaler) Decide(now time.Time, s Signals) Decision {
 	a.conc.advance(t)
 	a.arrivals.advance(t)
 
+	busy := a.conc.value > 0 || a.poked // demand right now
+	a.poked = false
+	if busy {
+		a.markBusy(t)
+	}
+	idle := !a.busySeen || t-a.lastBusy >= int64(cfg.StableWindow)
+
 	ready := max(s.Ready, 0)
 	target := cfg.TargetConcurrency
 	stableAvg := a.conc.average(t, int64(cfg.StableWindow))
 	panicAvg := a.conc.average(t, int64(cfg.PanicWindow))
 	stableN, panicN := ceilCount(stableAvg/target), ceilCount(panicAvg/target)
 
-	if panicN > 0 && float64(panicN) >= cfg.PanicThreshold*float64(max(ready, 1)) {
+	switch {
+	case idle:
+		a.panicking = false
+	case panicN > 0 && float64(panicN) >= cfg.PanicThreshold*float64(max(ready, 1)):
 		if !a.panicking {
 			a.panicking, a.panicSince = true, t
 		}
 		a.panicLast = t
-	} else if a.panicking && t-a.panicLast >= int64(cfg.StableWindow) {
+	case a.panicking && t-a.panicLast >= int64(cfg.StableWindow):
 		a.panicking = false
 	}
 
 	conc := candidate{SignalConcurrency, stableN,
-		fmt.Sprintf("concurrency: stable avg %.1f / target %g → %d", stableAvg, target, stableN)}
+		fmt.Sprintf("concurrency: stable avg %.1f / target %s → %d", stableAvg, num(target), stableN)}
 	if a.panicking {
 		conc = candidate{SignalConcurrency, panicN,
-			fmt.Sprintf("concurrency: panic avg %.1f / target %g → %d", panicAvg, target, panicN)}
+			fmt.Sprintf("concurrency: panic avg %.1f / target %s → %d", panicAvg, num(target), panicN)}
 	}
-	if (a.conc.value > 0 || a.poked) && conc.n == 0 {
+	if busy && conc.n == 0 {
 		conc = candidate{SignalConcurrency, 1,
-			fmt.Sprintf("concurrency: %g in flight now with %d ready → 1", max(a.conc.value, 1), ready)}
+			fmt.Sprintf("concurrency: %s in flight now with %d ready → 1", num(max(a.conc.value, 1)), ready)}
 	}
-	a.poked = false
 
-	cands := []candidate{conc, {SignalQueue, 0, ""}, {SignalKV, 0, ""}, {SignalTTFT, 0, ""}}
-	if s.Waiting > 0 {
-		add := ceilCount(float64(s.Waiting) / float64(cfg.MaxWaitingPerReplica))
+	cands := []candidate{conc, {SignalQueue, 0, ""}, {SignalKV, 0, ""}, {SignalQueueWait, 0, ""}}
+	if absorbed := cfg.MaxWaitingPerReplica * ready; busy && s.Waiting > absorbed {
+		add := ceilCount(float64(s.Waiting-absorbed) / float64(cfg.MaxWaitingPerReplica))
 		cands[1].n = ready + add
-		cands[1].reason = fmt.Sprintf("queue: %d waiting / %d per replica → ready %d + %d = %d",
-			s.Waiting, cfg.MaxWaitingPerReplica, ready, add, cands[1].n)
+		cands[1].reason = fmt.Sprintf("queue: %d waiting > %d per replica × %d ready → ready %d + %d = %d",
+			s.Waiting, cfg.MaxWaitingPerReplica, ready, ready, add, cands[1].n)
 	}
-	if s.KVUsage > cfg.KVUsageHigh {
+	if busy && s.KVUsage > cfg.KVUsageHigh {
 		cands[2].n = ready + 1
 		cands[2].reason = fmt.Sprintf("kv: usage %.2f > %.2f → ready %d + 1 = %d", s.KVUsage, cfg.KVUsageHigh, ready, cands[2].n)
 	}
-	if s.TTFTp90 > 0 && s.TTFTp90 > cfg.TTFTSLO {
+	if busy && s.QueueWaitP90 > cfg.TTFTSLO {
 		cands[3].n = ready + 1
-		cands[3].reason = fmt.Sprintf("ttft: p90 %v > SLO %v → ready %d + 1 = %d", s.TTFTp90, cfg.TTFTSLO, ready, cands[3].n)
+		cands[3].reason = fmt.Sprintf("queue_wait: p90 %v > SLO %v → ready %d + 1 = %d",
+			round(s.QueueWaitP90), round(cfg.TTFTSLO), ready, cands[3].n)
 	}
 	d := Decision{
 		Panic:             a.panicking,
@@ -234,10 +276,20 @@ func (a *Autoscaler) Decide(now time.Time, s Signals) Decision {
 	}
 	win := cands[0]
 	for _, c := range cands {
+		if idle {
+			c.n = 0
+		}
 		d.PerSignal[c.signal] = c.n
 		if c.n > win.n {
 			win = c
 		}
+	}
+	if idle {
+		reason := "idle: no request seen → 0"
+		if a.busySeen {
+			reason = fmt.Sprintf("idle: nothing in flight, buffered or arriving for %v → 0", round(time.Duration(t-a.lastBusy)))
+		}
+		win = candidate{SignalIdle, 0, reason}
 	}
 
 	if floor, reason := a.predictiveFloor(t, s.AvgLatency); floor > 0 {
@@ -251,7 +303,7 @@ func (a *Autoscaler) Decide(now time.Time, s Signals) Decision {
 		if keep := max(ready, a.lastDesired); keep > win.n {
 			win = candidate{SignalPanicHold, keep, fmt.Sprintf(
 				"panic_hold: panicking for %v, keeping max(ready %d, previous %d) = %d (recommended %d by %s)",
-				time.Duration(t-a.panicSince), ready, a.lastDesired, keep, win.n, win.reason)}
+				round(time.Duration(t-a.panicSince)), ready, a.lastDesired, keep, win.n, win.reason)}
 		}
 	}
 
@@ -259,7 +311,7 @@ func (a *Autoscaler) Decide(now time.Time, s Signals) Decision {
 		since := time.Duration(t - a.hold.front().at)
 		win = candidate{SignalScaleDownDelay, held, fmt.Sprintf(
 			"scale_down_delay: holding %d recommended %v ago for %v (recommended %d by %s)",
-			held, since, cfg.ScaleDownDelay, win.n, win.reason)}
+			held, round(since), round(cfg.ScaleDownDelay), win.n, win.reason)}
 	}
 
 	if win.n < cfg.MinReplicas {
@@ -279,7 +331,11 @@ func (a *Autoscaler) Decide(now time.Time, s Signals) Decision {
 // predictiveFloor applies Little's law to the forecast arrival rate one cold
 // start ahead: floor = ceil(rate(now+ColdStart) × latency / target), or 0
 // when less than one request is expected within a cold start (or a
-// request's latency, whichever is longer). Callers hold mu.
+// request's latency, whichever is longer). After a StableWindow without
+// arrivals the forecast's level and trend (smoothed recent traffic, which
+// has been none) no longer count: only a seasonal rise expected at the
+// horizon keeps a floor, so an idle deployment's floor falls to zero
+// before a full season has been seen. Callers hold mu.
 func (a *Autoscaler) predictiveFloor(t int64, latency time.Duration) (int, string) {
 	if latency <= 0 {
 		latency = a.cfg.AvgLatency
@@ -287,9 +343,14 @@ func (a *Autoscaler) predictiveFloor(t int64, latency time.Duration) (int, strin
 	if latency <= 0 {
 		return 0, ""
 	}
-	rate, ok := a.arrivals.rate(t + int64(a.cfg.ColdStart))
+	at := t + int64(a.cfg.ColdStart)
+	rate, ok := a.arrivals.rate(at)
 	if !ok {
 		return 0, ""
+	}
+	what := "forecast"
+	if !a.arrivalSeen || t-a.lastArrival >= int64(a.cfg.StableWindow) {
+		rate, what = min(rate, a.arrivals.seasonalRise(at)), "seasonal rise (no arrivals for a window)"
 	}
 	// Fewer than one arrival expected during a cold start: reacting costs
 	// at most that request's wait, so the floor lets the deployment go
@@ -298,6 +359,27 @@ func (a *Autoscaler) predictiveFloor(t int64, latency time.Duration) (int, strin
 		return 0, ""
 	}
 	n := ceilCount(rate * latency.Seconds() / a.cfg.TargetConcurrency)
-	return n, fmt.Sprintf("predictive: forecast %.2f req/s at +%v × latency %v / target %g → %d",
-		rate, a.cfg.ColdStart, latency, a.cfg.TargetConcurrency, n)
+	return n, fmt.Sprintf("predictive: %s %.2f req/s at +%v × latency %v / target %s → %d",
+		what, rate, round(a.cfg.ColdStart), round(latency), num(a.cfg.TargetConcurrency), n)
+}
+
+// round rounds a duration for a Reason: to whole seconds from 10 s, to
+// 100 ms from 1 s, to milliseconds from 1 ms and to microseconds below.
+func round(d time.Duration) time.Duration {
+	switch a := d.Abs(); {
+	case a >= 10*time.Second:
+		return d.Round(time.Second)
+	case a >= time.Second:
+		return d.Round(100 * time.Millisecond)
+	case a >= time.Millisecond:
+		return d.Round(time.Millisecond)
+	default:
+		return d.Round(time.Microsecond)
+	}
+}
+
+// num formats a float for a Reason with at most two decimals, without
+// trailing zeros (8, 8.5, 8.33).
+func num(x float64) string {
+	return strconv.FormatFloat(math.Round(x*100)/100, 'f', -1, 64)
 }

@@ -202,13 +202,17 @@ func TestEngineSignals(t *testing.T) {
 		signal string
 	}{
 		{"calm", Signals{Ready: 2}, 2, SignalConcurrency},
-		{"queue", Signals{Ready: 2, Waiting: 9}, 5, SignalQueue},
-		{"queue exact", Signals{Ready: 2, Waiting: 4}, 3, SignalQueue},
+		// Two ready replicas absorb 2 × 4 waiting requests.
+		{"queue absorbed by the ready replicas", Signals{Ready: 2, Waiting: 8}, 2, SignalConcurrency},
+		{"queue one beyond", Signals{Ready: 2, Waiting: 9}, 3, SignalQueue},
+		{"queue excess rounds up", Signals{Ready: 2, Waiting: 13}, 4, SignalQueue},
+		{"queue excess exact", Signals{Ready: 2, Waiting: 16}, 4, SignalQueue},
 		{"kv", Signals{Ready: 2, KVUsage: 0.95}, 3, SignalKV},
 		{"kv at threshold", Signals{Ready: 2, KVUsage: 0.9}, 2, SignalConcurrency},
-		{"ttft", Signals{Ready: 2, TTFTp90: 1200 * time.Millisecond}, 3, SignalTTFT},
-		{"ttft within slo", Signals{Ready: 2, TTFTp90: 700 * time.Millisecond}, 2, SignalConcurrency},
-		{"queue beats kv", Signals{Ready: 2, Waiting: 20, KVUsage: 0.99, TTFTp90: 2 * time.Second}, 7, SignalQueue},
+		{"queue_wait", Signals{Ready: 2, QueueWaitP90: 1200 * time.Millisecond}, 3, SignalQueueWait},
+		{"queue_wait within slo", Signals{Ready: 2, QueueWaitP90: 700 * time.Millisecond}, 2, SignalConcurrency},
+		{"queue_wait at slo", Signals{Ready: 2, QueueWaitP90: 800 * time.Millisecond}, 2, SignalConcurrency},
+		{"queue beats kv", Signals{Ready: 2, Waiting: 20, KVUsage: 0.99, QueueWaitP90: 2 * time.Second}, 5, SignalQueue},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -328,8 +332,8 @@ func TestBadInput(t *testing.T) {
 	}
 	a.Record(epoch.Add(50*time.Second), -5) // counts as 0 from here on: avg 16×50/60
 	a.RecordArrivals(epoch, -3)
-	d := a.Decide(epoch.Add(62*time.Second), Signals{Ready: -4, Waiting: -2, KVUsage: nan(), TTFTp90: -time.Second})
-	if d.Desired != 2 || d.PerSignal[SignalQueue] != 0 || d.PerSignal[SignalKV] != 0 || d.PerSignal[SignalTTFT] != 0 {
+	d := a.Decide(epoch.Add(62*time.Second), Signals{Ready: -4, Waiting: -2, KVUsage: nan(), QueueWaitP90: -time.Second})
+	if d.Desired != 2 || d.PerSignal[SignalQueue] != 0 || d.PerSignal[SignalKV] != 0 || d.PerSignal[SignalQueueWait] != 0 {
 		t.Errorf("desired %d per signal %v (%s), want 2 with only concurrency firing", d.Desired, d.PerSignal, d.Reason)
 	}
 }

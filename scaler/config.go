@@ -41,8 +41,9 @@ type Config struct {
 	// (Knative's container-concurrency target). Default 8.
 	TargetConcurrency float64
 	// StableWindow is the averaging window of the concurrency signal in
-	// normal mode, and the least time panic mode lasts after its condition
-	// last held. Default 60 s.
+	// normal mode, the least time panic mode lasts after its condition
+	// last held, and how long a deployment must have nothing in flight,
+	// buffered or arriving to count as idle. Default 60 s.
 	StableWindow time.Duration
 	// PanicWindow is the short averaging window used to detect and follow
 	// bursts. Default 6 s; must not exceed StableWindow.
@@ -51,17 +52,24 @@ type Config struct {
 	// is at least this multiple of max(ready, 1). Default 2.0; must be >= 1.
 	PanicThreshold float64
 	// ScaleDownDelay is how long the recommended count must stay lower
-	// before the decision drops. Default 30 s; negative disables the delay.
+	// before the decision drops (an idle deployment reaches MinReplicas
+	// StableWindow + ScaleDownDelay after its last request). Default 30 s;
+	// negative disables the delay.
 	ScaleDownDelay time.Duration
 	// MinReplicas is the floor of every decision (0 allows scale to zero).
 	MinReplicas int
 	// MaxReplicas is the ceiling of every decision; 0 means unbounded.
 	MaxReplicas int
-	// TTFTSLO is the p90 time-to-first-token target; a p90 above it asks for
-	// one more replica. Default 800 ms.
+	// TTFTSLO is the deployment's time-to-first-token SLO (the spec's
+	// ttft_slo), used as the most a request may wait in the activator's
+	// buffer for capacity before its first token is at risk: a queue-wait
+	// p90 (Signals.QueueWaitP90) above it asks for one more replica than
+	// are ready. Default 800 ms.
 	TTFTSLO time.Duration
-	// MaxWaitingPerReplica is how many engine-queued requests one added
-	// replica absorbs. Default 4.
+	// MaxWaitingPerReplica is how many engine-queued requests one replica
+	// absorbs: waiting requests beyond MaxWaitingPerReplica × ready ask for
+	// one more replica per MaxWaitingPerReplica of excess (rounded up).
+	// Default 4.
 	MaxWaitingPerReplica int
 	// KVUsageHigh is the KV-cache usage (0..1) above which one more replica
 	// is asked for. Default 0.9.

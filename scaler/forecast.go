@@ -125,3 +125,18 @@ func (f *forecaster) rate(t int64) (float64, bool) {
 	}
 	return x / (float64(f.bucket) / 1e9), true
 }
+
+// seasonalRise is the seasonal term alone of the forecast for the bucket
+// holding t, in arrivals per second: how far above the level that slot of
+// the season usually runs (0 for a slot below it, and before a full season
+// has been seen).
+func (f *forecaster) seasonalRise(t int64) float64 {
+	if !f.seasonal() {
+		return 0
+	}
+	x := *f.slot(floorDiv(t, f.bucket))
+	if !(x > 0) || math.IsInf(x, 0) {
+		return 0
+	}
+	return x / (float64(f.bucket) / 1e9)
+}

@@ -177,3 +177,73 @@ func TestPredictiveFloorLetsRareTrafficGoToZero(t *testing.T) {
 		t.Errorf("floor %d desired %d (%s), want 0 and 0", d.PredictiveFloor, d.Desired, d.Reason)
 	}
 }
+
+// TestPredictiveFloorFallsWhenArrivalsStop checks that the forecast's
+// smoothed level cannot hold an idle deployment up: a StableWindow after
+// the last arrival the floor is zero, where plain Holt smoothing would
+// keep forecasting the old rate for minutes.
+func TestPredictiveFloorFallsWhenArrivalsStop(t *testing.T) {
+	// Ten minutes at 1 req/s: 1 × 2 s / 8 → a floor of 1.
+	cfg := Config{ColdStart: 5 * time.Second, AvgLatency: 2 * time.Second}
+	last := epoch.Add(599 * time.Second) // the last arrival
+	for _, tc := range []struct {
+		name  string
+		after time.Duration // since the last arrival
+		want  int
+	}{
+		{"during traffic", time.Second, 1},
+		{"just inside a window", time.Minute - time.Second, 1},
+		{"a window later", time.Minute, 0},
+		{"ten minutes later", 10 * time.Minute, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := NewAutoscaler(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for sec := range 600 {
+				a.RecordArrivals(epoch.Add(time.Duration(sec)*time.Second), 1)
+			}
+			d := a.Decide(last.Add(tc.after), Signals{})
+			if d.PredictiveFloor != tc.want {
+				t.Errorf("floor %d (%s), want %d", d.PredictiveFloor, d.Reason, tc.want)
+			}
+		})
+	}
+}
+
+// TestPredictiveFloorSeasonalRiseWhileIdle checks that an idle deployment
+// still gets its floor ahead of a spike the season has taught: silence
+// between spikes drops the smoothed level, not the seasonal rise.
+func TestPredictiveFloorSeasonalRiseWhileIdle(t *testing.T) {
+	cfg := Config{ColdStart: 5 * time.Second, AvgLatency: 2 * time.Second, Seasonality: shortDay,
+		StableWindow: 10 * time.Second, PanicWindow: time.Second}
+	spikeOnly := func(sec int) int { // 20 req/s in seconds [40, 45), else nothing
+		if s := sec % 60; s >= 40 && s < 45 {
+			return 20
+		}
+		return 0
+	}
+	for _, tc := range []struct {
+		name     string
+		at       int // seconds into day 5
+		min, max int // floor bounds
+	}{
+		{"one cold start before the spike", 36, 4, 5},
+		{"quiet part of the day", 20, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := NewAutoscaler(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for sec := range 4*60 + tc.at {
+				a.RecordArrivals(epoch.Add(time.Duration(sec)*time.Second), spikeOnly(sec))
+			}
+			d := a.Decide(epoch.Add(time.Duration(4*60+tc.at)*time.Second), Signals{})
+			if d.PredictiveFloor < tc.min || d.PredictiveFloor > tc.max {
+				t.Errorf("floor %d (%s), want %d..%d", d.PredictiveFloor, d.Reason, tc.min, tc.max)
+			}
+		})
+	}
+}

@@ -2,13 +2,16 @@ package scaler
 
 import (
 	"errors"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Metrics exports the scaler's decisions as Prometheus series labelled by
 // deployment. One Metrics serves every deployment of a process.
 type Metrics struct {
+	mu        sync.Mutex // orders Observe's read of the previous count and its update
 	desired   *prometheus.GaugeVec
 	panic     *prometheus.GaugeVec
 	floor     *prometheus.GaugeVec
@@ -36,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"deployment"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "stoke_scaler_decisions_total",
-			Help: "Scaler decisions by the signal or rule that set the replica count.",
+			Help: "Scaler decisions that changed the deployment's desired replica count, by the signal or rule that set the new count.",
 		}, []string{"deployment", "signal"}),
 	}
 	if reg != nil {
@@ -61,15 +64,25 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 	return c
 }
 
-// Observe exports decision d of deployment.
+// Observe exports decision d of deployment: the desired-count, panic and
+// floor gauges always, and one more decision in
+// stoke_scaler_decisions_total when d.Desired differs from the previous
+// decision's (a deployment starts at zero). Call it for every decision.
 func (m *Metrics) Observe(deployment string, d Decision) {
-	m.desired.WithLabelValues(deployment).Set(float64(d.Desired))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	desired := m.desired.WithLabelValues(deployment)
+	changed := gaugeValue(desired) != float64(d.Desired)
+	desired.Set(float64(d.Desired))
 	p := 0.0
 	if d.Panic {
 		p = 1
 	}
 	m.panic.WithLabelValues(deployment).Set(p)
 	m.floor.WithLabelValues(deployment).Set(float64(d.PredictiveFloor))
+	if !changed {
+		return
+	}
 	signal := d.Signal
 	if signal == "" {
 		signal = "unknown"
@@ -77,8 +90,21 @@ func (m *Metrics) Observe(deployment string, d Decision) {
 	m.decisions.WithLabelValues(deployment, signal).Inc()
 }
 
+// gaugeValue reads g's current value (the previous decision's count; 0 for
+// a new series). Reading the exported gauge rather than keeping a copy
+// keeps two Metrics on one registry in agreement.
+func gaugeValue(g prometheus.Gauge) float64 {
+	var out dto.Metric
+	if err := g.Write(&out); err != nil {
+		return 0
+	}
+	return out.GetGauge().GetValue()
+}
+
 // Forget deletes every series of deployment, when it is removed.
 func (m *Metrics) Forget(deployment string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	labels := prometheus.Labels{"deployment": deployment}
 	m.desired.Delete(labels)
 	m.panic.Delete(labels)

@@ -59,9 +59,9 @@ type Router interface {
 	InFlight(deployment, id string) int
 	// Concurrency is a deployment's requests in flight plus buffered.
 	Concurrency(deployment string) float64
-	// TTFTp90 is the p90 time to first token of its recent requests (0
-	// when unknown).
-	TTFTp90(deployment string) time.Duration
+	// QueueWaitP90 is the p90 time its recent requests waited in the
+	// buffer for a replica, over its stable window (0 when none waited).
+	QueueWaitP90(deployment string) time.Duration
 	// Traffic is its requests received so far and their mean duration.
 	Traffic(deployment string) (arrivals int64, meanLatency time.Duration)
 }
@@ -521,7 +521,7 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 	c.mu.Unlock()
 	waiting, kv := engineSignals(ctx, clients)
 	arrivals, latency := c.opts.Router.Traffic(name)
-	signals := scaler.Signals{Waiting: waiting, KVUsage: kv, TTFTp90: c.opts.Router.TTFTp90(name), AvgLatency: latency}
+	signals := scaler.Signals{Waiting: waiting, KVUsage: kv, QueueWaitP90: c.opts.Router.QueueWaitP90(name), AvgLatency: latency}
 
 	now := time.Now()
 	c.mu.Lock()
