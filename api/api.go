@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
 	"github.com/stokehq/stoke/internal/tier"
@@ -78,17 +80,21 @@ func New(o Options) http.Handler {
 	r.Use(gin.Recovery(), requestID())
 	r.Use(o.Middleware...)
 	r.NoRoute(func(c *gin.Context) {
-		writeError(c, openai.NotFound("no route %s %s", c.Request.Method, c.Request.URL.Path))
+		writeError(c, openai.RouteNotFound(c.Request.Method, c.Request.URL.Path))
 	})
-	r.NoMethod(func(c *gin.Context) {
-		writeError(c, openai.NotFound("no route %s %s", c.Request.Method, c.Request.URL.Path))
-	})
+	// A served path asked with another method is a 405; gin has set the
+	// Allow header by the time NoMethod runs.
 	r.HandleMethodNotAllowed = true
+	r.NoMethod(func(c *gin.Context) {
+		writeError(c, openai.MethodNotAllowed(c.Request.Method, c.Request.URL.Path, c.Writer.Header().Get("Allow")))
+	})
 
 	inference := gin.WrapH(o.Inference)
 	r.POST("/v1/completions", inference)
 	r.POST("/v1/chat/completions", inference)
 	r.GET("/v1/models", o.listModels)
+	// A catch-all, as model names may hold slashes ("org/name").
+	r.GET("/v1/models/*id", o.getModel)
 	r.GET("/health", func(c *gin.Context) { c.String(http.StatusOK, "ok") })
 
 	r.GET("/admin/deployments", o.listDeployments)
@@ -131,22 +137,54 @@ func (o Options) listModels(c *gin.Context) {
 	}
 	list := openai.ModelList{Object: openai.ObjectList, Data: []openai.Model{}}
 	for _, d := range ds {
-		list.Data = append(list.Data, openai.Model{ID: d.Name, Object: openai.ObjectModel, Created: d.UpdatedAt.Unix(), OwnedBy: "stoke"})
+		list.Data = append(list.Data, modelObject(d))
 	}
 	c.JSON(http.StatusOK, list)
 }
 
-// deploymentJSON is a deployment on the admin API.
+// getModel serves GET /v1/models/{id}: the deployment id as an OpenAI
+// Model object, or 404 model_not_found (an empty id lists the models, as
+// /v1/models does).
+func (o Options) getModel(c *gin.Context) {
+	id := strings.TrimPrefix(c.Param("id"), "/")
+	if id == "" {
+		o.listModels(c)
+		return
+	}
+	d, err := o.Deployments.Deployment(c.Request.Context(), id)
+	if err != nil {
+		writeError(c, deploymentError(id, err))
+		return
+	}
+	c.JSON(http.StatusOK, modelObject(d))
+}
+
+// modelObject is a deployment as an OpenAI Model object.
+func modelObject(d store.Deployment) openai.Model {
+	return openai.Model{ID: d.Name, Object: openai.ObjectModel, Created: d.UpdatedAt.Unix(), OwnedBy: "stoke"}
+}
+
+// deploymentJSON is a deployment on the admin API. Spec is what was set,
+// as stored; EffectiveSpec is what the platform serves it with: every
+// field, defaults filled in. A stored spec that no longer parses (written
+// before a rule it breaks) has no EffectiveSpec but a SpecError.
 type deploymentJSON struct {
-	Name      string            `json:"name"`
-	Revision  string            `json:"revision"`
-	Spec      json.RawMessage   `json:"spec"`
-	UpdatedAt time.Time         `json:"updated_at"`
-	Status    *reconcile.Status `json:"status,omitempty"`
+	Name          string            `json:"name"`
+	Revision      string            `json:"revision"`
+	Spec          json.RawMessage   `json:"spec"`
+	EffectiveSpec *config.Spec      `json:"effective_spec,omitempty"`
+	SpecError     string            `json:"spec_error,omitempty"`
+	UpdatedAt     time.Time         `json:"updated_at"`
+	Status        *reconcile.Status `json:"status,omitempty"`
 }
 
 func (o Options) toJSON(d store.Deployment) deploymentJSON {
 	out := deploymentJSON{Name: d.Name, Revision: d.Revision, Spec: d.Spec, UpdatedAt: d.UpdatedAt}
+	if eff, err := config.Parse(d.Spec); err != nil {
+		out.SpecError = err.Error()
+	} else {
+		out.EffectiveSpec = &eff
+	}
 	if st, ok := o.Deployments.Status(d.Name); ok {
 		out.Status = &st
 	}

@@ -3,12 +3,15 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	oai "github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stokehq/stoke/internal/config"
@@ -49,8 +52,10 @@ func TestAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	if err := st.PutDeployment(ctx, store.Deployment{Name: "chat", Revision: "sha256:a"}); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"chat", "org/name"} {
+		if err := st.PutDeployment(ctx, store.Deployment{Name: name, Revision: "sha256:a"}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	inference := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"ok":true}`)) })
 	ts := httptest.NewServer(New(Options{Inference: inference, Deployments: storeDeployments{st}, Registry: prometheus.NewRegistry()}))
@@ -74,34 +79,62 @@ func TestAPI(t *testing.T) {
 		}
 		return resp.StatusCode, b.String(), resp.Header
 	}
+	defaults := `"effective_spec":{"replicas":{"min":0,"max":4,"sleeping":4},"target_concurrency":8,"ttft_slo":"800ms",` +
+		`"window":"1m0s","idle_delay":"30s","buffer":{"capacity":1000,"timeout":"1m0s"}}`
 	for _, tc := range []struct {
 		name, method, path, body string
 		status                   int
 		contains                 string
+		allow                    string // the Allow header wanted
 	}{
-		{"models", "GET", "/v1/models", "", 200, `"id":"chat"`},
-		{"completions reach the activator", "POST", "/v1/completions", `{}`, 200, `"ok":true`},
-		{"chat reaches the activator", "POST", "/v1/chat/completions", `{}`, 200, `"ok":true`},
-		{"list deployments", "GET", "/admin/deployments", "", 200, `"revision":"sha256:a"`},
-		{"get a deployment", "GET", "/admin/deployments/chat", "", 200, `"name":"chat"`},
-		{"a deployment's live status", "GET", "/admin/deployments/chat", "", 200, `"status":{"ready":2,"pending":0,"draining":0,"desired":2,"panic":false,"reason":"concurrency: stable avg 9.0 / target 8 → 2","last_cold_start":"t2"}`},
-		{"missing deployment", "GET", "/admin/deployments/nope", "", 404, "model_not_found"},
-		{"update a spec", "PUT", "/admin/deployments/chat", `{"spec":{"replicas":{"min":1,"max":3}}}`, 200, `"max":3`},
-		{"bad spec", "PUT", "/admin/deployments/chat", `{"replicas":{"min":5,"max":3}}`, 400, "replicas.max"},
-		{"bad JSON", "PUT", "/admin/deployments/chat", `{`, 400, `"error"`},
-		{"unknown route", "GET", "/v2/nothing", "", 404, `"error"`},
-		{"wrong method", "DELETE", "/v1/models", "", 404, `"error"`},
-		{"runtimes without a manager", "GET", "/admin/runtimes", "", 404, `"error"`},
-		{"metrics", "GET", "/metrics", "", 200, ""},
+		{name: "models", method: "GET", path: "/v1/models", status: 200, contains: `"id":"chat"`},
+		{name: "retrieve a model", method: "GET", path: "/v1/models/chat", status: 200, contains: `{"id":"chat","object":"model","created":`},
+		{name: "retrieve a model named with a slash", method: "GET", path: "/v1/models/org/name", status: 200, contains: `{"id":"org/name","object":"model"`},
+		{name: "retrieve a model, slash escaped", method: "GET", path: "/v1/models/org%2Fname", status: 200, contains: `"id":"org/name"`},
+		{name: "retrieve an unknown model", method: "GET", path: "/v1/models/nope", status: 404,
+			contains: `{"error":{"message":"The model ` + "`nope`" + ` does not exist.","type":"invalid_request_error","param":"model","code":"model_not_found"}}`},
+		{name: "retrieve a prefix of a model", method: "GET", path: "/v1/models/org", status: 404, contains: "model_not_found"},
+		{name: "GET on chat completions", method: "GET", path: "/v1/chat/completions", status: 405, allow: "POST",
+			contains: `{"error":{"message":"method GET is not allowed on /v1/chat/completions (allowed: POST)","type":"invalid_request_error","param":null,"code":"method_not_allowed"}}`},
+		{name: "GET on completions", method: "GET", path: "/v1/completions", status: 405, allow: "POST", contains: "method_not_allowed"},
+		{name: "POST on a model", method: "POST", path: "/v1/models/chat", status: 405, allow: "GET", contains: "method_not_allowed"},
+		{name: "a deployment on its defaults", method: "GET", path: "/admin/deployments/chat", status: 200, contains: `"spec":{},` + defaults},
+		{name: "deployments list their defaults", method: "GET", path: "/admin/deployments", status: 200, contains: defaults},
+		{"completions reach the activator", "POST", "/v1/completions", `{}`, 200, `"ok":true`, ""},
+		{"chat reaches the activator", "POST", "/v1/chat/completions", `{}`, 200, `"ok":true`, ""},
+		{"list deployments", "GET", "/admin/deployments", "", 200, `"revision":"sha256:a"`, ""},
+		{"get a deployment", "GET", "/admin/deployments/chat", "", 200, `"name":"chat"`, ""},
+		{"a deployment's live status", "GET", "/admin/deployments/chat", "", 200, `"status":{"ready":2,"pending":0,"draining":0,"desired":2,"panic":false,"reason":"concurrency: stable avg 9.0 / target 8 → 2","last_cold_start":"t2"}`, ""},
+		{"missing deployment", "GET", "/admin/deployments/nope", "", 404, "model_not_found", ""},
+		{"update a spec", "PUT", "/admin/deployments/chat", `{"spec":{"replicas":{"min":1,"max":3}}}`, 200, `"max":3`, ""},
+		{"bad spec", "PUT", "/admin/deployments/chat", `{"replicas":{"min":5,"max":3}}`, 400, "replicas.max", ""},
+		{"bad JSON", "PUT", "/admin/deployments/chat", `{`, 400, `"error"`, ""},
+		{"an updated spec's effective spec", "PUT", "/admin/deployments/chat", `{"spec":{"replicas":{"min":1,"max":3}}}`, 200,
+			`"spec":{"replicas":{"min":1,"max":3}},"effective_spec":{"replicas":{"min":1,"max":3,"sleeping":3},"target_concurrency":8,`, ""},
+		{"unknown route", "GET", "/v2/nothing", "", 404, `{"error":{"message":"no route GET /v2/nothing","type":"not_found_error","param":null,"code":"not_found"}}`, ""},
+		{"wrong method", "DELETE", "/v1/models", "", 405, `"code":"method_not_allowed"`, "GET"},
+		{"runtimes without a manager", "GET", "/admin/runtimes", "", 404, `"error"`, ""},
+		{"metrics", "GET", "/metrics", "", 200, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, body, h := do(tc.method, tc.path, tc.body)
-			if status != tc.status || !strings.Contains(body, tc.contains) {
-				t.Fatalf("%s %s: %d %s, want %d containing %q", tc.method, tc.path, status, body, tc.status, tc.contains)
+			if status != tc.status || !strings.Contains(body, tc.contains) || h.Get("Allow") != tc.allow {
+				t.Fatalf("%s %s: %d %s (Allow %q), want %d containing %q (Allow %q)", tc.method, tc.path, status, body, h.Get("Allow"), tc.status, tc.contains, tc.allow)
 			}
 			if h.Get("X-Request-Id") == "" {
 				t.Fatal("no X-Request-Id")
 			}
 		})
+	}
+
+	// The OpenAI SDK's models.retrieve, with a name that holds a slash.
+	client := oai.NewClient(option.WithBaseURL(ts.URL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	m, err := client.Models.Get(ctx, "org/name")
+	if err != nil || m.ID != "org/name" || m.OwnedBy != "stoke" || m.Created == 0 {
+		t.Fatalf("SDK models.retrieve: %+v, %v", m, err)
+	}
+	var apiErr *oai.Error
+	if _, err := client.Models.Get(ctx, "nope"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Code != "model_not_found" {
+		t.Fatalf("SDK models.retrieve of an unknown model: %v", err)
 	}
 }

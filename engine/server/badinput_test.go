@@ -85,6 +85,12 @@ func TestBadInput(t *testing.T) {
 		{name: "frequency_penalty", path: chat, body: `{` + user + `,"frequency_penalty":-2.5}`, status: 400, param: "frequency_penalty", message: "frequency_penalty"},
 		{name: "repetition_penalty", path: cmpl, body: `{"prompt":"hi","repetition_penalty":-1}`, status: 400, param: "repetition_penalty", message: "repetition_penalty"},
 		{name: "logprobs", path: cmpl, body: `{"prompt":"hi","logprobs":21}`, status: 400, param: "logprobs", message: "logprobs"},
+		{name: "logprobs past OpenAI's 5", path: cmpl, body: `{"prompt":"hi","logprobs":6}`, status: 400, param: "logprobs", message: "logprobs must be in [0, 5]"},
+		{name: "temperature past OpenAI's 2", path: cmpl, body: `{"prompt":"hi","temperature":2.5}`, status: 400, param: "temperature", message: "temperature must be in [0, 2]"},
+		{name: "temperature 100", path: chat, body: `{` + user + `,"temperature":100}`, status: 400, param: "temperature", message: "temperature must be in [0, 2]"},
+		{name: "top_p negative", path: cmpl, body: `{"prompt":"hi","top_p":-0.1}`, status: 400, param: "top_p", message: "top_p must be in [0, 1]"},
+		{name: "max_tokens negative", path: cmpl, body: `{"prompt":"hi","max_tokens":-1}`, status: 400, param: "max_tokens", message: "at least 1"},
+		{name: "top_logprobs past 20", path: chat, body: `{` + user + `,"logprobs":true,"top_logprobs":21}`, status: 400, param: "top_logprobs", message: "top_logprobs must be in [0, 20]"},
 		{name: "top_logprobs", path: chat, body: `{` + user + `,"logprobs":true,"top_logprobs":50}`, status: 400, param: "top_logprobs", message: "top_logprobs"},
 		{name: "top_logprobs alone", path: chat, body: `{` + user + `,"top_logprobs":2}`, status: 400, param: "top_logprobs", message: "logprobs set to true"},
 		{name: "token out of vocabulary", path: cmpl, body: `{"prompt":[1,2,9999]}`, status: 400, param: "prompt", message: "prompt[2] = 9999"},
@@ -99,8 +105,12 @@ func TestBadInput(t *testing.T) {
 		{name: "echo", path: cmpl, body: `{"prompt":"hi","echo":true}`, status: 400, param: "echo", message: "echo"},
 		{name: "no messages", path: chat, body: `{"messages":[]}`, status: 400, param: "messages", message: "at least one"},
 		{name: "content type", path: chat, body: `{"messages":[{"role":"user","content":5}]}`, status: 400, param: "messages.content", message: "content"},
-		{name: "image part", path: chat, body: `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, status: 400, param: "messages", message: "image_url"},
-		{name: "no role", path: chat, body: `{"messages":[{"content":"hi"}]}`, status: 400, param: "messages", message: "role"},
+		{name: "image part", path: chat, body: `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, status: 400, param: "messages[0].content", message: "image_url"},
+		{name: "no role", path: chat, body: `{"messages":[{"content":"hi"}]}`, status: 400, param: "messages[0].role", message: "role"},
+		{name: "unknown role", path: chat, body: `{"messages":[{"role":"system","content":"a"},{"role":"user","content":"b"},{"role":"wizard","content":"c"}]}`,
+			status: 400, param: "messages[2].role", code: "invalid_value", message: `"wizard"`},
+		{name: "unknown role tokenized", path: "/tokenize", body: `{"messages":[{"role":"wizard","content":"c"}]}`,
+			status: 400, param: "messages[0].role", code: "invalid_value", message: `"wizard"`},
 		{name: "template exception", path: chat, body: `{"messages":[{"role":"tool","content":"42"}]}`, status: 400, param: "messages", message: "tool messages are not supported"},
 		{name: "tools", path: chat, body: `{` + user + `,"tools":[{"type":"function"}]}`, status: 400, param: "tools", message: "tools"},
 		{name: "body too large", path: cmpl, body: `{"prompt":"` + strings.Repeat("a", testMaxBody) + `"}`, status: 413, message: "limit"},
@@ -111,7 +121,8 @@ func TestBadInput(t *testing.T) {
 		{name: "load a source without model", path: "/admin/load", body: `{"source":"s3://models"}`, status: 400, param: "model", message: "model is required"},
 		{name: "wake while ready", path: "/admin/wake", status: 409, message: "ready"},
 		{name: "unknown route", method: http.MethodGet, path: "/v2/nothing", status: 404, message: "no route"},
-		{name: "wrong method", method: http.MethodGet, path: cmpl, status: 405, message: "not allowed"},
+		{name: "wrong method", method: http.MethodGet, path: cmpl, status: 405, code: "method_not_allowed", message: "not allowed"},
+		{name: "wrong method chat", method: http.MethodGet, path: chat, status: 405, code: "method_not_allowed", message: "not allowed"},
 	}
 	checkErrorCases(t, f, cases)
 	// Nothing above reached the engine.
@@ -120,6 +131,31 @@ func TestBadInput(t *testing.T) {
 	}
 	if status, b := f.do(t, http.MethodPost, cmpl, `{"prompt":"hi","max_tokens":2}`); status != http.StatusOK {
 		t.Fatalf("good request after bad ones: %d %s", status, b)
+	}
+}
+
+// TestRangeEdges checks that the edges of OpenAI's ranges are served, and
+// that top_p 0 (which OpenAI takes) keeps only the most likely token, so
+// it answers what greedy decoding does.
+func TestRangeEdges(t *testing.T) {
+	f := newModelFixture(t, true, Options{})
+	var greedy openai.CompletionResponse
+	f.postJSON(t, "/v1/completions", `{"prompt":"Once","max_tokens":6,"temperature":0,"ignore_eos":true}`, &greedy)
+	for _, body := range []string{
+		`{"prompt":"Once","max_tokens":6,"top_p":0,"temperature":2,"ignore_eos":true,"seed":1}`,
+		`{"prompt":"Once","max_tokens":6,"top_p":0,"temperature":1,"ignore_eos":true,"seed":2,"presence_penalty":0,"frequency_penalty":0,"logprobs":5}`,
+	} {
+		var resp openai.CompletionResponse
+		f.postJSON(t, "/v1/completions", body, &resp)
+		if resp.Choices[0].Text != greedy.Choices[0].Text {
+			t.Fatalf("%s: %q, want the greedy %q", body, resp.Choices[0].Text, greedy.Choices[0].Text)
+		}
+	}
+	var chat openai.ChatCompletionResponse
+	f.postJSON(t, "/v1/chat/completions", `{"messages":[{"role":"developer","content":"a"},{"role":"user","content":"b"}],"max_tokens":2,`+
+		`"temperature":2,"top_p":1,"presence_penalty":-2,"frequency_penalty":2,"logprobs":true,"top_logprobs":20}`, &chat)
+	if lp := chat.Choices[0].Logprobs; lp == nil || len(lp.Content) == 0 || len(lp.Content[0].TopLogprobs) != 20 {
+		t.Fatalf("chat at the edges: %+v", chat.Choices[0])
 	}
 }
 

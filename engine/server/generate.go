@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 
@@ -54,12 +56,34 @@ func newHead(prefix string, l *Loaded, logprobs int) head {
 	return head{id: prefix + strconv.FormatUint(rand.Uint64(), 16), created: time.Now().Unix(), model: l.Name, tok: l.Tokenizer, logprobs: logprobs}
 }
 
-// tokenText is how a token is shown in logprobs.
-func (h *head) tokenText(id int32) string {
+// token is how a token is shown in logprobs: its text and its raw bytes
+// (the tokenizer's, never the replacement character of a partial UTF-8
+// character). A token whose bytes are not valid UTF-8 on their own, like
+// the byte-fallback token <0xE2>, is written the way OpenAI writes one:
+// "bytes:\xe2", so alternatives that are different bytes stay different
+// strings. Without a tokenizer the text is "token_id:N" (as vLLM writes
+// it) and the bytes are nil (null: none known).
+func (h *head) token(id int32) (string, []byte) {
 	if h.tok == nil {
-		return "token_id:" + strconv.FormatInt(int64(id), 10)
+		return "token_id:" + strconv.FormatInt(int64(id), 10), nil
 	}
-	return h.tok.Decode([]int32{id}, false)
+	raw := h.tok.TokenBytes(id)
+	if utf8.Valid(raw) {
+		return string(raw), raw
+	}
+	var sb strings.Builder
+	sb.WriteString("bytes:")
+	for b := raw; len(b) > 0; {
+		r, size := utf8.DecodeRune(b)
+		if r == utf8.RuneError && size <= 1 {
+			fmt.Fprintf(&sb, "\\x%02x", b[0])
+			size = 1
+		} else {
+			sb.Write(b[:size])
+		}
+		b = b[size:]
+	}
+	return sb.String(), raw
 }
 
 func (s *Server) completions(c *gin.Context) {
@@ -325,17 +349,22 @@ func (f *completionFormat) logprobs(ids []int32, lps []sample.Logprobs) *openai.
 	}
 	out := &openai.CompletionLogprobs{Tokens: []string{}, TokenLogprobs: []float64{}, TopLogprobs: []map[string]float64{}, TextOffset: []int{}}
 	for _, lp := range lps {
-		tok := f.tokenText(lp.Chosen.ID)
+		tok, raw := f.token(lp.Chosen.ID)
 		out.Tokens = append(out.Tokens, tok)
 		out.TokenLogprobs = append(out.TokenLogprobs, float64(lp.Chosen.Logprob))
 		top := map[string]float64{}
 		for _, alt := range lp.Top {
-			top[f.tokenText(alt.ID)] = float64(alt.Logprob)
+			at, _ := f.token(alt.ID)
+			top[at] = float64(alt.Logprob)
 		}
 		top[tok] = float64(lp.Chosen.Logprob)
 		out.TopLogprobs = append(out.TopLogprobs, top)
 		out.TextOffset = append(out.TextOffset, f.offset)
-		f.offset += len(tok)
+		if raw != nil {
+			f.offset += len(raw) // the bytes the token adds to the text
+		} else {
+			f.offset += len(tok)
+		}
 	}
 	return out
 }
@@ -379,21 +408,25 @@ func (f *chatFormat) logprobs(lps []sample.Logprobs) *openai.ChatLogprobs {
 	}
 	out := &openai.ChatLogprobs{Content: make([]openai.TokenLogprob, 0, len(lps))}
 	for _, lp := range lps {
-		tok := f.tokenText(lp.Chosen.ID)
-		entry := openai.TokenLogprob{Token: tok, Logprob: float64(lp.Chosen.Logprob), Bytes: byteList(tok), TopLogprobs: []openai.TopLogprob{}}
+		tok, raw := f.token(lp.Chosen.ID)
+		entry := openai.TokenLogprob{Token: tok, Logprob: float64(lp.Chosen.Logprob), Bytes: byteList(raw), TopLogprobs: []openai.TopLogprob{}}
 		for _, alt := range lp.Top {
-			at := f.tokenText(alt.ID)
-			entry.TopLogprobs = append(entry.TopLogprobs, openai.TopLogprob{Token: at, Logprob: float64(alt.Logprob), Bytes: byteList(at)})
+			at, araw := f.token(alt.ID)
+			entry.TopLogprobs = append(entry.TopLogprobs, openai.TopLogprob{Token: at, Logprob: float64(alt.Logprob), Bytes: byteList(araw)})
 		}
 		out.Content = append(out.Content, entry)
 	}
 	return out
 }
 
-func byteList(s string) []int {
-	b := make([]int, len(s))
-	for i := range len(s) {
-		b[i] = int(s[i])
+// byteList is the JSON "bytes" of a token: nil (null) when unknown.
+func byteList(raw []byte) []int {
+	if raw == nil {
+		return nil
+	}
+	b := make([]int, len(raw))
+	for i, c := range raw {
+		b[i] = int(c)
 	}
 	return b
 }
@@ -417,6 +450,10 @@ func (s *Server) tokenize(c *gin.Context) {
 	case req.Prompt != nil:
 		ids = l.Tokenizer.Encode(*req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
 	case req.Messages != nil:
+		if e := openai.CheckMessages(req.Messages); e != nil {
+			writeError(c, e)
+			return
+		}
 		p, e := chatPrompt(l, req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt,
 			req.AddSpecialTokens != nil && *req.AddSpecialTokens)
 		if e != nil {

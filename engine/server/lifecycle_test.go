@@ -136,8 +136,13 @@ func TestLogprobs(t *testing.T) {
 		t.Fatalf("chat logprobs: %+v", clp)
 	}
 	for _, c := range clp.Content {
-		if len(c.TopLogprobs) != 3 || c.TopLogprobs[0].Logprob != c.Logprob || len(c.Bytes) != len(c.Token) {
+		if len(c.TopLogprobs) != 3 || c.TopLogprobs[0].Logprob != c.Logprob || !tokenMatchesBytes(c.Token, c.Bytes) {
 			t.Fatalf("chat token logprob %+v", c)
+		}
+		for _, alt := range c.TopLogprobs {
+			if !tokenMatchesBytes(alt.Token, alt.Bytes) {
+				t.Fatalf("chat top logprob %+v", alt)
+			}
 		}
 	}
 	var plain openai.ChatCompletionResponse

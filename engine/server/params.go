@@ -75,9 +75,9 @@ func buildParams(l *Loaded, g *openai.GenerationParams, prompt []int32, spec gen
 	if spec.kvTokens > len(prompt) {
 		maxTokens = min(room, spec.kvTokens-len(prompt))
 	}
+	// The request's CheckSupported has checked the fields' ranges
+	// (openai.CheckRanges); what is left depends on the model.
 	switch {
-	case spec.maxTokens != nil && *spec.maxTokens < 1:
-		return core.Params{}, openai.InvalidRequest(spec.maxParam, "%s must be at least 1, got %d", spec.maxParam, *spec.maxTokens)
 	case spec.maxTokens != nil && *spec.maxTokens > room:
 		return core.Params{}, openai.InvalidRequest(spec.maxParam,
 			"%s is too large: %d prompt tokens plus %s %d exceed the model's context of %d tokens (at most %d left)",
@@ -113,7 +113,9 @@ func buildParams(l *Loaded, g *openai.GenerationParams, prompt []int32, spec gen
 }
 
 // samplingParams fills sample.Params with OpenAI's defaults (temperature
-// and top_p 1) and a random seed when none is given, and validates them.
+// and top_p 1) and a random seed when none is given. The request's ranges
+// are openai.CheckRanges' to check; sample.Params.Validate stays as the
+// engine's own guard.
 func samplingParams(g *openai.GenerationParams, spec genSpec) (sample.Params, *openai.Error) {
 	sp := sample.Params{Temperature: 1, TopP: 1, Logprobs: spec.logprobs}
 	if g.Temperature != nil {
@@ -124,6 +126,11 @@ func samplingParams(g *openai.GenerationParams, spec genSpec) (sample.Params, *o
 	}
 	if g.TopK != nil {
 		sp.TopK = *g.TopK
+	}
+	if sp.TopP == 0 {
+		// OpenAI takes top_p 0: the smallest set of tokens holding a mass
+		// of 0 is the most likely token alone, which is top-k 1.
+		sp.TopP, sp.TopK = 1, 1
 	}
 	if g.MinP != nil {
 		sp.MinP = *g.MinP

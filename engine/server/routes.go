@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -30,16 +31,17 @@ func (s *Server) routes() http.Handler {
 		writeError(c, openai.ServerError("internal error"))
 	}))
 	r.NoRoute(func(c *gin.Context) {
-		writeError(c, openai.NotFound("no route %s %s", c.Request.Method, c.Request.URL.Path))
+		writeError(c, openai.RouteNotFound(c.Request.Method, c.Request.URL.Path))
 	})
+	// gin has set the Allow header by the time NoMethod runs.
 	r.NoMethod(func(c *gin.Context) {
-		e := openai.InvalidRequest("", "method %s is not allowed on %s", c.Request.Method, c.Request.URL.Path)
-		e.Status = http.StatusMethodNotAllowed
-		writeError(c, e)
+		writeError(c, openai.MethodNotAllowed(c.Request.Method, c.Request.URL.Path, c.Writer.Header().Get("Allow")))
 	})
 
 	r.GET("/health", s.health)
 	r.GET("/v1/models", s.models)
+	// A catch-all, as model names may hold slashes ("org/name").
+	r.GET("/v1/models/*id", s.retrieveModel)
 	r.POST("/v1/completions", s.completions)
 	r.POST("/v1/chat/completions", s.chatCompletions)
 	r.POST("/tokenize", s.tokenize)
@@ -141,9 +143,33 @@ func (s *Server) models(c *gin.Context) {
 		return
 	}
 	defer s.release()
-	writeJSON(c, http.StatusOK, openai.ModelList{Object: openai.ObjectList, Data: []openai.Model{{
-		ID: l.Name, Object: openai.ObjectModel, Created: time.Now().Unix(), OwnedBy: "stoke", MaxModelLen: l.MaxModelLen,
-	}}})
+	writeJSON(c, http.StatusOK, openai.ModelList{Object: openai.ObjectList, Data: []openai.Model{modelObject(l)}})
+}
+
+// retrieveModel serves GET /v1/models/{id}: the loaded model when id names it
+// (an empty id lists the models, as /v1/models does).
+func (s *Server) retrieveModel(c *gin.Context) {
+	id := strings.TrimPrefix(c.Param("id"), "/")
+	if id == "" {
+		s.models(c)
+		return
+	}
+	l, _, e := s.acquire()
+	if e != nil {
+		writeError(c, e)
+		return
+	}
+	defer s.release()
+	if id != l.Name {
+		writeError(c, openai.ModelNotFound(id))
+		return
+	}
+	writeJSON(c, http.StatusOK, modelObject(l))
+}
+
+// modelObject is the loaded model as an OpenAI Model object.
+func modelObject(l *Loaded) openai.Model {
+	return openai.Model{ID: l.Name, Object: openai.ObjectModel, Created: time.Now().Unix(), OwnedBy: "stoke", MaxModelLen: l.MaxModelLen}
 }
 
 func (s *Server) adminLoad(c *gin.Context) {

@@ -127,6 +127,23 @@ func (t *Tokenizer) Decode(ids []int32, skipSpecial bool) string {
 	return sb.String()
 }
 
+// TokenBytes returns the raw bytes id stands for in decoded text, as the
+// decoder's per-token steps produce them: a byte-fallback token "<0xE2>"
+// is the one byte 0xE2, a byte-level "Ġthe" or a SentencePiece "▁the" is
+// " the", an added token is its content. Unlike Decode of the id alone,
+// bytes that are not valid UTF-8 stay as they are (no U+FFFD) and nothing
+// is stripped (the space a decoder drops at the start of a text stays). It
+// is nil for an id outside the vocabulary.
+func (t *Tokenizer) TokenBytes(id int32) []byte {
+	if id < 0 || int(id) >= len(t.idToToken) || !t.hasToken[id] {
+		return nil
+	}
+	tok := t.idToToken[id]
+	// Index 1: a token in the middle of a text, so a Metaspace decoder
+	// keeps its leading space.
+	return t.dec.tokenBytes(make([]byte, 0, len(tok)), tok, 1)
+}
+
 // StreamDecoder turns generated ids into text incrementally. Add returns only
 // newly completed text and never a partial UTF-8 sequence; Flush returns the
 // rest. Concatenating every result equals Decode of all ids. A StreamDecoder

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -918,5 +919,63 @@ func TestMergeErrorNamesFirst(t *testing.T) {
 	_, err = New(mustJSON(t, m), nil)
 	if want := fmt.Sprintf(`model.merges[%d]: token "nosuch3"`, first); err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("err = %v, want it to name %s", err, want)
+	}
+}
+
+// TestTokenBytes checks that a token's bytes are its raw bytes: a
+// byte-fallback or byte-level token for one byte of a longer character is
+// that byte, never U+FFFD, and a word keeps its leading space.
+func TestTokenBytes(t *testing.T) {
+	stories, err := Load(testmodel.Dir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tj, cj, err := Synthesize(512, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	synth, err := New(tj, cj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		tk    *Tokenizer
+		token string // the spelling in tokenizer.json
+		want  []byte
+	}{
+		{"byte fallback, first byte of ’", stories, "<0xE2>", []byte{0xE2}},
+		{"byte fallback, continuation byte", stories, "<0x80>", []byte{0x80}},
+		{"byte fallback, ASCII", stories, "<0x41>", []byte("A")},
+		{"SentencePiece word keeps its space", stories, "▁the", []byte(" the")},
+		{"special token", stories, "</s>", []byte("</s>")},
+		{"byte-level, first byte of ’", synth, "â", []byte{0xE2}},
+		{"byte-level space", synth, "Ġ", []byte(" ")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id, ok := tc.tk.TokenID(tc.token)
+			if !ok {
+				t.Fatalf("no token %q", tc.token)
+			}
+			if got := tc.tk.TokenBytes(id); !bytes.Equal(got, tc.want) {
+				t.Fatalf("TokenBytes(%d %q) = %v, want %v", id, tc.token, got, tc.want)
+			}
+		})
+	}
+	for _, id := range []int32{-1, int32(stories.VocabSize())} {
+		if got := stories.TokenBytes(id); got != nil {
+			t.Errorf("TokenBytes(%d) = %v, want nil", id, got)
+		}
+	}
+	// Where a token alone decodes to whole characters, its bytes are the
+	// decoded text (bar the leading space Decode strips at the start).
+	for id := range int32(stories.VocabSize()) {
+		b := stories.TokenBytes(id)
+		if !utf8.Valid(b) {
+			continue
+		}
+		if got, want := stories.Decode([]int32{id}, false), strings.TrimPrefix(string(b), " "); got != want {
+			t.Errorf("token %d: Decode %q, TokenBytes %q", id, got, b)
+		}
 	}
 }

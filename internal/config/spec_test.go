@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -37,5 +38,30 @@ func TestParse(t *testing.T) {
 				t.Fatalf("Parse(%s) = %+v, %v", tc.raw, s, err)
 			}
 		})
+	}
+}
+
+// TestEffectiveSpecRoundTrip checks that the effective spec the admin API
+// shows (a parsed spec written back as JSON) names every field and parses
+// to the same spec, so an operator can PUT back what they read.
+func TestEffectiveSpecRoundTrip(t *testing.T) {
+	for _, raw := range []string{``, `{}`, `{"replicas":{"min":1,"max":3}}`, `{"window":"2m","buffer":{"timeout":5},"ttft_slo":"250ms"}`} {
+		s, err := Parse([]byte(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, field := range []string{`"min"`, `"max"`, `"sleeping"`, `"target_concurrency"`, `"ttft_slo"`, `"window"`, `"idle_delay"`, `"capacity"`, `"timeout"`} {
+			if !strings.Contains(string(b), field) {
+				t.Errorf("%q: effective spec %s lacks %s", raw, b, field)
+			}
+		}
+		again, err := Parse(b)
+		if err != nil || again != s {
+			t.Errorf("%q: effective spec %s parses to %+v (%v), want %+v", raw, b, again, err, s)
+		}
 	}
 }

@@ -88,6 +88,19 @@ func NotFound(format string, args ...any) *Error {
 	return &Error{Status: http.StatusNotFound, Message: fmt.Sprintf(format, args...), Type: TypeNotFound, Code: "not_found"}
 }
 
+// RouteNotFound is the 404 for a path no route serves (with any method).
+func RouteNotFound(method, path string) *Error {
+	return NotFound("no route %s %s", method, path)
+}
+
+// MethodNotAllowed is the 405 for a path that is served, but not with
+// method; allow lists the methods it takes, as the Allow header does.
+func MethodNotAllowed(method, path, allow string) *Error {
+	return &Error{Status: http.StatusMethodNotAllowed,
+		Message: fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", method, path, allow),
+		Type:    TypeInvalidRequest, Code: "method_not_allowed"}
+}
+
 // BodyTooLarge is the 413 for a request body over limit bytes.
 func BodyTooLarge(limit int64) *Error {
 	return &Error{Status: http.StatusRequestEntityTooLarge, Message: fmt.Sprintf("request body exceeds the limit of %d bytes", limit),

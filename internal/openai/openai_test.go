@@ -167,3 +167,164 @@ func TestResponsesMarshal(t *testing.T) {
 		t.Fatalf("final chat choice %s", b)
 	}
 }
+
+// TestRanges checks every sampling field against OpenAI's documented
+// range (vLLM's for its extensions), on both endpoints: the edges pass,
+// one step past them is a 400 naming the field.
+func TestRanges(t *testing.T) {
+	for _, tc := range []struct {
+		name, fields, param string
+	}{
+		{"defaults", ``, ""},
+		{"temperature 0", `"temperature":0`, ""},
+		{"temperature 2", `"temperature":2`, ""},
+		{"temperature above 2", `"temperature":2.5`, "temperature"},
+		{"temperature 100", `"temperature":100`, "temperature"},
+		{"temperature negative", `"temperature":-0.1`, "temperature"},
+		{"top_p 0", `"top_p":0`, ""},
+		{"top_p 1", `"top_p":1`, ""},
+		{"top_p above 1", `"top_p":1.01`, "top_p"},
+		{"top_p negative", `"top_p":-0.5`, "top_p"},
+		{"presence_penalty edges", `"presence_penalty":-2,"frequency_penalty":2`, ""},
+		{"presence_penalty above 2", `"presence_penalty":2.1`, "presence_penalty"},
+		{"presence_penalty below -2", `"presence_penalty":-3`, "presence_penalty"},
+		{"frequency_penalty above 2", `"frequency_penalty":2.5`, "frequency_penalty"},
+		{"frequency_penalty below -2", `"frequency_penalty":-2.01`, "frequency_penalty"},
+		{"n 1", `"n":1`, ""},
+		{"n 0", `"n":0`, "n"},
+		{"n negative", `"n":-3`, "n"},
+		{"max_tokens 1", `"max_tokens":1`, ""},
+		{"max_tokens 0", `"max_tokens":0`, "max_tokens"},
+		{"max_tokens negative", `"max_tokens":-5`, "max_tokens"},
+		{"top_k off", `"top_k":-1`, ""},
+		{"top_k below -1", `"top_k":-2`, "top_k"},
+		{"min_p edges", `"min_p":1`, ""},
+		{"min_p above 1", `"min_p":1.5`, "min_p"},
+		{"repetition_penalty 0", `"repetition_penalty":0`, ""},
+		{"repetition_penalty negative", `"repetition_penalty":-1`, "repetition_penalty"},
+	} {
+		for _, endpoint := range []string{"completions", "chat"} {
+			t.Run(endpoint+"/"+tc.name, func(t *testing.T) {
+				body := "{" + tc.fields
+				if tc.fields != "" {
+					body += ","
+				}
+				var e *Error
+				if endpoint == "chat" {
+					var r ChatCompletionRequest
+					if de := Decode([]byte(body+`"messages":[{"role":"user","content":"x"}]}`), &r); de != nil {
+						t.Fatal(de)
+					}
+					e = r.CheckSupported()
+				} else {
+					var r CompletionRequest
+					if de := Decode([]byte(body+`"prompt":"x"}`), &r); de != nil {
+						t.Fatal(de)
+					}
+					e = r.CheckSupported()
+				}
+				checkParam(t, e, tc.param)
+			})
+		}
+	}
+}
+
+// TestEndpointRanges checks the fields one endpoint has alone: the
+// completions logprobs (0..5) and the chat top_logprobs (0..20) and
+// max_completion_tokens.
+func TestEndpointRanges(t *testing.T) {
+	for _, tc := range []struct {
+		name, body, param string
+	}{
+		{"logprobs 0", `{"prompt":"x","logprobs":0}`, ""},
+		{"logprobs 5", `{"prompt":"x","logprobs":5}`, ""},
+		{"logprobs 6", `{"prompt":"x","logprobs":6}`, "logprobs"},
+		{"logprobs negative", `{"prompt":"x","logprobs":-1}`, "logprobs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r CompletionRequest
+			if e := Decode([]byte(tc.body), &r); e != nil {
+				t.Fatal(e)
+			}
+			checkParam(t, r.CheckSupported(), tc.param)
+		})
+	}
+	user := `"messages":[{"role":"user","content":"x"}]`
+	for _, tc := range []struct {
+		name, body, param string
+	}{
+		{"top_logprobs 0", `{` + user + `,"logprobs":true,"top_logprobs":0}`, ""},
+		{"top_logprobs 20", `{` + user + `,"logprobs":true,"top_logprobs":20}`, ""},
+		{"top_logprobs 21", `{` + user + `,"logprobs":true,"top_logprobs":21}`, "top_logprobs"},
+		{"top_logprobs negative", `{` + user + `,"logprobs":true,"top_logprobs":-1}`, "top_logprobs"},
+		{"max_completion_tokens 1", `{` + user + `,"max_completion_tokens":1}`, ""},
+		{"max_completion_tokens 0", `{` + user + `,"max_completion_tokens":0}`, "max_completion_tokens"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r ChatCompletionRequest
+			if e := Decode([]byte(tc.body), &r); e != nil {
+				t.Fatal(e)
+			}
+			checkParam(t, r.CheckSupported(), tc.param)
+		})
+	}
+}
+
+// checkParam wants no error when param is "", else a 400 blaming param
+// whose message names it.
+func checkParam(t *testing.T, e *Error, param string) {
+	t.Helper()
+	if param == "" {
+		if e != nil {
+			t.Fatalf("refused: %+v", e)
+		}
+		return
+	}
+	if e == nil || e.Param != param || e.Status != http.StatusBadRequest || e.Type != TypeInvalidRequest || !strings.Contains(e.Message, param) {
+		t.Fatalf("error %+v, want a 400 naming %q", e, param)
+	}
+}
+
+func TestCheckMessages(t *testing.T) {
+	for _, tc := range []struct {
+		name, messages, param, code, message string
+	}{
+		{"every OpenAI role", `[{"role":"system","content":"a"},{"role":"developer","content":"b"},{"role":"user","content":"c"},` +
+			`{"role":"assistant","content":"d"},{"role":"tool","content":"e"},{"role":"function","name":"f","content":"g"}]`, "", "", ""},
+		{"unknown role", `[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"wizard","content":"c"}]`,
+			"messages[2].role", "invalid_value", `"wizard"`},
+		{"roles are case-sensitive", `[{"role":"User","content":"a"}]`, "messages[0].role", "invalid_value", `"User"`},
+		{"no role", `[{"role":"user","content":"a"},{"content":"b"}]`, "messages[1].role", "", "required"},
+		{"image part", `[{"role":"user","content":[{"type":"image_url"}]}]`, "messages[0].content", "unsupported_parameter", "image_url"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r ChatCompletionRequest
+			if e := Decode([]byte(`{"messages":`+tc.messages+`}`), &r); e != nil {
+				t.Fatal(e)
+			}
+			e := r.CheckSupported()
+			if tc.param == "" {
+				if e != nil {
+					t.Fatalf("refused: %+v", e)
+				}
+				return
+			}
+			if e == nil || e.Param != tc.param || e.Status != http.StatusBadRequest || e.Type != TypeInvalidRequest ||
+				e.Code != tc.code || !strings.Contains(e.Message, tc.message) || !strings.Contains(e.Message, tc.param) {
+				t.Fatalf("error %+v, want param %q, code %q, message containing %q", e, tc.param, tc.code, tc.message)
+			}
+		})
+	}
+}
+
+func TestRouteErrors(t *testing.T) {
+	e := MethodNotAllowed("GET", "/v1/chat/completions", "POST")
+	b, err := json.Marshal(e.Body())
+	want := `{"error":{"message":"method GET is not allowed on /v1/chat/completions (allowed: POST)","type":"invalid_request_error","param":null,"code":"method_not_allowed"}}`
+	if err != nil || e.Status != http.StatusMethodNotAllowed || string(b) != want {
+		t.Fatalf("405: %d %s, want %s", e.Status, b, want)
+	}
+	if e := RouteNotFound("GET", "/v2/x"); e.Status != http.StatusNotFound || !strings.Contains(e.Message, "GET /v2/x") {
+		t.Fatalf("404: %+v", e)
+	}
+}

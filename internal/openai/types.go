@@ -54,12 +54,19 @@ func (g *GenerationParams) IncludeUsage() bool {
 	return g.StreamOptions != nil && g.StreamOptions.IncludeUsage
 }
 
-// CheckSupported returns a 400 for a shared field stoke does not
-// implement: n or best_of above 1, logit_bias.
+// CheckSupported returns a 400 for a shared field out of its range
+// (CheckRanges) or one stoke does not implement: n or best_of above 1,
+// logit_bias.
 func (g *GenerationParams) CheckSupported() *Error {
+	if err := g.CheckRanges(); err != nil {
+		return err
+	}
+	return g.checkUnsupported()
+}
+
+// checkUnsupported refuses the shared fields stoke does not implement.
+func (g *GenerationParams) checkUnsupported() *Error {
 	switch {
-	case g.N != nil && *g.N < 1:
-		return InvalidRequest("n", "n must be at least 1, got %d", *g.N)
 	case g.N != nil && *g.N > 1:
 		return Unsupported("n", "n must be 1: several choices per request are not supported yet, got %d", *g.N)
 	case g.BestOf != nil && *g.BestOf != 1:
@@ -76,16 +83,20 @@ func (g *GenerationParams) CheckSupported() *Error {
 type CompletionRequest struct {
 	GenerationParams
 	Prompt Prompt `json:"prompt"`
-	// Logprobs asks for this many alternatives per token (0..20).
+	// Logprobs asks for this many alternatives per token
+	// (0..MaxCompletionLogprobs).
 	Logprobs *int   `json:"logprobs,omitempty"`
 	Echo     bool   `json:"echo,omitempty"`
 	Suffix   string `json:"suffix,omitempty"`
 }
 
 // CheckSupported extends GenerationParams.CheckSupported with the
-// completions-only fields and one prompt.
+// completions-only fields (their ranges included) and one prompt.
 func (r *CompletionRequest) CheckSupported() *Error {
-	if err := r.GenerationParams.CheckSupported(); err != nil {
+	if err := r.CheckRanges(); err != nil {
+		return err
+	}
+	if err := r.GenerationParams.checkUnsupported(); err != nil {
 		return err
 	}
 	switch {
@@ -138,9 +149,12 @@ func (r *ChatCompletionRequest) MaxNewTokens() (*int, string) {
 }
 
 // CheckSupported extends GenerationParams.CheckSupported with the chat
-// fields.
+// fields (their ranges included) and the messages (CheckMessages).
 func (r *ChatCompletionRequest) CheckSupported() *Error {
-	if err := r.GenerationParams.CheckSupported(); err != nil {
+	if err := r.CheckRanges(); err != nil {
+		return err
+	}
+	if err := r.GenerationParams.checkUnsupported(); err != nil {
 		return err
 	}
 	switch {
@@ -153,17 +167,7 @@ func (r *ChatCompletionRequest) CheckSupported() *Error {
 	case r.ResponseFormat != nil && r.ResponseFormat.Type != "" && r.ResponseFormat.Type != "text":
 		return Unsupported("response_format", "response_format %q is not supported (only \"text\")", r.ResponseFormat.Type)
 	}
-	for i, m := range r.Messages {
-		if m.Role == "" {
-			return InvalidRequest("messages", "messages[%d].role is required", i)
-		}
-		for _, p := range m.Content.Parts {
-			if p.Type != "text" {
-				return Unsupported("messages", "messages[%d].content: content parts of type %q are not supported (only \"text\")", i, p.Type)
-			}
-		}
-	}
-	return nil
+	return CheckMessages(r.Messages)
 }
 
 // Usage counts a request's tokens.

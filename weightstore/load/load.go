@@ -56,13 +56,17 @@ func Checkpoint(o Options) server.Loader {
 		if progress == nil {
 			progress = func(engineapi.LoadProgress) {}
 		}
+		// Each load works on its own copy of the options: what one request
+		// asks for (its served name) must not stick to later loads, nor race
+		// with loads running at the same time.
+		lo := o
 		if req.ServedModelName != "" {
-			o.Engine.ServedName = req.ServedModelName
+			lo.Engine.ServedName = req.ServedModelName
 		}
 		if req.Path != "" {
-			return o.fromDir(req.Path, progress)
+			return lo.fromDir(req.Path, progress)
 		}
-		return o.fromBucket(ctx, req, progress)
+		return lo.fromBucket(ctx, req, progress)
 	}
 }
 

@@ -143,3 +143,53 @@ func TestBucketSourceErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestServedNamePerLoad loads through one loader several times: a load's
+// served name is its own and never sticks to the loads after it, which
+// fall back to the loader's name, else the checkpoint's.
+func TestServedNamePerLoad(t *testing.T) {
+	stories := testmodel.Dir(t)
+	ctx := context.Background()
+	root := "file://" + t.TempDir()
+	dest, err := bucket.Open(ctx, root+"/stories", bucket.S3Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := push.Push(ctx, stories, dest, push.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	dir := func(served string) engineapi.LoadRequest {
+		return engineapi.LoadRequest{Path: stories, ServedModelName: served}
+	}
+	fromBucket := func(served string) engineapi.LoadRequest {
+		return engineapi.LoadRequest{Source: root, Model: "stories", ServedModelName: served}
+	}
+	for _, tc := range []struct {
+		name   string
+		loader string // Options.Engine.ServedName
+		loads  []engineapi.LoadRequest
+		want   []string
+	}{
+		{"directory", "", []engineapi.LoadRequest{dir("a"), dir("b"), dir("")}, []string{"a", "b", "stories260K"}},
+		{"bucket", "", []engineapi.LoadRequest{fromBucket("a"), fromBucket(""), fromBucket("b")}, []string{"a", "stories", "b"}},
+		{"mixed", "", []engineapi.LoadRequest{fromBucket("a"), dir(""), dir("b"), fromBucket("")}, []string{"a", "stories260K", "b", "stories"}},
+		{"loader's name", "base", []engineapi.LoadRequest{dir("a"), dir(""), fromBucket("b"), fromBucket("")}, []string{"a", "base", "b", "base"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			load := Checkpoint(Options{Engine: server.EngineOptions{ServedName: tc.loader}, KVCacheBytes: 1 << 20, Threads: 1})
+			for i, req := range tc.loads {
+				loaded, err := load(ctx, req, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				name := loaded.Name
+				if err := loaded.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if name != tc.want[i] {
+					t.Fatalf("load %d (%s, served name %q): name %q, want %q", i, req, req.ServedModelName, name, tc.want[i])
+				}
+			}
+		})
+	}
+}
