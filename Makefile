@@ -30,7 +30,10 @@ deps:
 	@sh ./scripts/install-containerd.sh
 
 # Every package runs twice: once as it is, once under the race detector
-# with -short (which leaves out the slowest end-to-end cases); then the
+# with -short (which leaves out the slowest end-to-end cases), ./cmd
+# included: the `stoke serve` and engine processes its tests start are the
+# race-built test binary, and a race one of them reports fails the test
+# that started it; then the
 # engine's tests run again on emulated CPUs (an AVX2-only AMD EPYC 7001,
 # and a baseline x86-64 without AVX), so a test cannot pass on this CPU
 # and fail on another.

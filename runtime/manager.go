@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/loader"
+	"github.com/stokehq/stoke/weightstore/manifest"
 	"github.com/stokehq/stoke/weightstore/nodecache"
 )
 
@@ -284,6 +286,9 @@ func (m *Manager) adopt(ctx context.Context, p Process) {
 		r.state, r.model = State(st.State), st.Model
 		if st.Load != nil {
 			r.revision, r.weights = st.Load.Revision, st.Load.TotalBytes
+			if r.revision == "" && st.Load.Request.Path != "" {
+				r.revision, r.weights, r.view = m.adoptedView(ctx, st.Load.Request.Path)
+			}
 		}
 	default:
 		r.state = StateBlank
@@ -294,6 +299,21 @@ func (m *Manager) adopt(ctx context.Context, p Process) {
 	m.watchExit(r)
 	m.log.Info("re-adopted a runtime", "runtime", r.id, "state", r.state, "model", r.model)
 	m.emit(r, "re-adopted")
+}
+
+// adoptedView finds the revision of a re-adopted runtime that loaded a
+// directory (a node cache view: the engine knows only its path) from the
+// manifest there, and holds a view of it in the cache as a load would.
+func (m *Manager) adoptedView(ctx context.Context, dir string) (revision string, weights int64, view nodecache.Revision) {
+	raw, err := os.ReadFile(filepath.Join(dir, manifest.FileName))
+	if err != nil {
+		return "", 0, nil
+	}
+	man, err := manifest.Parse(raw)
+	if err != nil {
+		return "", 0, nil
+	}
+	return man.Revision, man.TotalBytes, m.openView(ctx, man.Revision)
 }
 
 // Runtimes lists every runtime, by slot.
@@ -310,8 +330,9 @@ func (m *Manager) Runtimes() []Info {
 }
 
 // Acquire returns a replica of model at revision ("" for the bucket's
-// current one) by the cheapest tier available. The replica is the
-// caller's until Release.
+// current one) by the cheapest tier available: an idle ready replica (T0:
+// one a restarted manager re-adopted), a sleeping one, a warm blank
+// runtime, a new runtime. The replica is the caller's until Release.
 func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica, error) {
 	start := time.Now()
 	r, how, err := m.claim(model, revision)
@@ -319,6 +340,14 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 		return nil, err
 	}
 	rep := &Replica{ID: r.id, Socket: r.proc.Socket(), Model: model, Revision: revision, Tier: tier.Bucket}
+	if how == claimHot { // it serves already: nothing to load, wake or warm up
+		m.mu.Lock()
+		rep.Tier, rep.Revision = tier.Hot, r.revision
+		m.mu.Unlock()
+		rep.Breakdown.Total = time.Since(start)
+		m.log.Info("acquired a replica", "runtime", r.id, "model", model, "revision", rep.Revision, "tier", rep.Tier, "seconds", rep.Breakdown.Total.Seconds())
+		return rep, nil
+	}
 	fail := func(err error) (*Replica, error) {
 		m.unclaim(r, err)
 		return nil, fmt.Errorf("acquire %s: %w", model, err)
@@ -478,31 +507,35 @@ func (m *Manager) closeView(r *runtimeState) {
 type claimKind int
 
 const (
-	claimSleeping claimKind = iota // a sleeping replica of the revision
+	claimHot      claimKind = iota // an idle ready replica of the revision (re-adopted)
+	claimSleeping                  // a sleeping replica of the revision
 	claimBlank                     // a warm blank runtime
 	claimStarted                   // a runtime starting (for the pool, or now in a free slot)
 	claimEvicted                   // an idle sleeping replica of another model, being unloaded
 )
 
-// claim picks the runtime an acquisition uses and marks it in use: a
-// sleeping replica of the revision, a blank runtime, a new runtime in a
-// free slot, or a blank one made from the least recently used idle
-// sleeping replica.
+// claim picks the runtime an acquisition uses and marks it in use: an
+// idle ready replica of the revision, a sleeping one, a blank runtime, a
+// new runtime in a free slot, or a blank one made from the least recently
+// used idle sleeping replica.
 func (m *Manager) claim(model, revision string) (*runtimeState, claimKind, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
 		return nil, 0, errors.New("acquire: the runtime manager is closed")
 	}
-	var blank, starting, sleeper *runtimeState
+	var asleep, blank, starting, sleeper *runtimeState
 	for _, r := range m.sortedRuntimes() {
 		if r.inUse {
 			continue
 		}
+		same := r.model == model && (revision == "" || r.revision == revision)
 		switch {
-		case r.state == StateSleeping && r.model == model && (revision == "" || r.revision == revision):
+		case r.state == StateReady && same:
 			r.inUse = true
-			return r, claimSleeping, nil
+			return r, claimHot, nil
+		case r.state == StateSleeping && same && asleep == nil:
+			asleep = r
 		case r.state == StateBlank && blank == nil:
 			blank = r
 		case r.state == StateStarting && starting == nil:
@@ -510,6 +543,10 @@ func (m *Manager) claim(model, revision string) (*runtimeState, claimKind, error
 		case r.state == StateSleeping && (sleeper == nil || r.lastUsed.Before(sleeper.lastUsed)):
 			sleeper = r
 		}
+	}
+	if asleep != nil {
+		asleep.inUse = true
+		return asleep, claimSleeping, nil
 	}
 	if blank != nil {
 		blank.inUse = true
@@ -934,4 +971,16 @@ func (m *Manager) emitLocked(r *runtimeState, reason string) {
 	if m.opts.OnEvent != nil {
 		m.opts.OnEvent(Event{Time: time.Now(), Runtime: r.id, Slot: r.slot, State: r.state, Model: r.model, Reason: reason})
 	}
+}
+
+// EngineState reads runtime id's engine state (GET /admin/state) through
+// the manager's client of it: the one admin client each engine has.
+func (m *Manager) EngineState(ctx context.Context, id string) (engineapi.StateInfo, error) {
+	m.mu.Lock()
+	r, ok := m.runtimes[id]
+	m.mu.Unlock()
+	if !ok {
+		return engineapi.StateInfo{}, fmt.Errorf("engine state of %s: no such runtime", id)
+	}
+	return r.client.State(ctx)
 }

@@ -597,3 +597,120 @@ func TestManagerStopIdleStopsStartingRuntimes(t *testing.T) {
 		t.Fatalf("acquire after StopIdle: %s, want t4 (a runtime started for it)", rep.Tier)
 	}
 }
+
+// TestManagerAcquireHandsOutReadoptedReady restarts the manager over two
+// ready replicas, one loaded from the bucket and one from a node cache
+// view (whose engine knows only the directory it read): the new manager
+// re-adopts both with their revision, and Acquire hands each out as t0,
+// loading nothing, before it would start or load anything.
+func TestManagerAcquireHandsOutReadoptedReady(t *testing.T) {
+	n := newNode(t, "process", "a")
+	ctx := context.Background()
+	raw, err := os.ReadFile(filepath.Join(strings.TrimPrefix(n.source, "file://"), "a", manifest.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	man, err := manifest.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := bucket.Open(ctx, n.source, bucket.S3Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newManager := func(keep bool) *runtime.Manager {
+		m, err := runtime.New(ctx, runtime.Options{Backend: n.backend, Dir: n.dir, Slots: []runtime.Class{runtime.OnDemand, runtime.OnDemand},
+			Source: n.source, Cache: n.cache, Bucket: b, SleepBudget: 1 << 30, KeepOnClose: keep,
+			EngineArgs: []string{"--kv-cache-memory", "8MiB", "--threads", "1", "--no-cache"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	m := newManager(true)
+	first, err := m.Acquire(ctx, "a", man.Revision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the manager's prefetch into the node cache", func() bool {
+		v, err := n.cache.OpenRevision(ctx, man.Revision)
+		if err == nil {
+			v.Close()
+		}
+		return err == nil
+	})
+	second, err := m.Acquire(ctx, "a", man.Revision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.LoadTier != "t3" || second.LoadTier != "t2" {
+		t.Fatalf("loads %s and %s, want t3 (bucket) and t2 (cache view)", first.LoadTier, second.LoadTier)
+	}
+	loads := map[string]string{} // runtime → its engine's last load, as it reports it
+	for _, rep := range []*runtime.Replica{first, second} {
+		st, err := runtime.NewEngineClient("unix://" + rep.Socket).State(ctx)
+		if err != nil || st.Load == nil {
+			t.Fatalf("state of %s: %+v, %v", rep.ID, st, err)
+		}
+		b, _ := json.Marshal(st.Load)
+		loads[rep.ID] = string(b)
+	}
+	if err := m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	m2 := newManager(false)
+	defer m2.Close(ctx)
+	for _, r := range m2.Runtimes() {
+		if r.State != runtime.StateReady || r.InUse || r.Model != "a" || r.Revision != man.Revision {
+			t.Fatalf("re-adopted %+v, want idle and ready with a@%s", r, man.Revision)
+		}
+	}
+	got := map[string]bool{}
+	for range 2 {
+		rep, err := m2.Acquire(ctx, "a", man.Revision)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Tier != tier.Hot || rep.LoadTier != "" || rep.WeightBytes != 0 || rep.Revision != man.Revision || loads[rep.ID] == "" {
+			t.Fatalf("acquired %+v, want t0 of a re-adopted replica, nothing loaded", rep)
+		}
+		if rep.Breakdown.Fetch != 0 || rep.Breakdown.Load != 0 || rep.Breakdown.Warmup != 0 || rep.Breakdown.Start != 0 {
+			t.Fatalf("t0 breakdown %+v: want nothing but the total", rep.Breakdown)
+		}
+		got[rep.ID] = true
+		cl := runtime.NewEngineClient("unix://" + rep.Socket)
+		if err := cl.Complete(ctx, "a", []int32{1, 2}); err != nil {
+			t.Fatalf("t0 replica does not serve: %v", err)
+		}
+		st, err := cl.State(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := json.Marshal(st.Load); string(b) != loads[rep.ID] {
+			t.Fatalf("engine of %s loaded again: %s, was %s", rep.ID, b, loads[rep.ID])
+		}
+	}
+	if len(got) != 2 {
+		t.Fatalf("acquired %v, want both re-adopted replicas", got)
+	}
+	for _, r := range m2.Runtimes() {
+		if !r.InUse {
+			t.Fatalf("runtime %s not in use after its t0 acquisition", r.ID)
+		}
+	}
+	for _, tier := range []string{"t2", "t3"} {
+		if v := loadedBytes(t, m2, tier); v != 0 {
+			t.Fatalf("the new manager loaded %v bytes at %s", v, tier)
+		}
+	}
+	// Handed back, a t0 replica sleeps like any other.
+	for id := range got {
+		if err := m2.Release(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := states(m2); s[runtime.StateSleeping] != 2 {
+		t.Fatalf("after release: %v, want two sleeping", s)
+	}
+}

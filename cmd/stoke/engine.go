@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/engine/sched"
 	"github.com/stokehq/stoke/engine/server"
+	"github.com/stokehq/stoke/runtime/process"
 	"github.com/stokehq/stoke/weightstore/load"
 	"github.com/stokehq/stoke/weightstore/loader"
 )
@@ -28,6 +30,8 @@ type engineFlags struct {
 	cache                                           cacheFlags
 	loadParallel                                    int
 	loadChunk, weightArena                          string
+	logFile, logMaxSize                             string
+	logBackups                                      int
 	s3                                              *s3Flags
 }
 
@@ -59,6 +63,9 @@ func newEngineCmd() *cobra.Command {
 	fl.IntVar(&f.loadParallel, "load-parallel", 8, "concurrent ranged reads when loading from a bucket or the node cache")
 	fl.StringVar(&f.loadChunk, "load-chunk-size", "4MiB", "size of one ranged read when loading")
 	fl.StringVar(&f.weightArena, "weight-arena", "0", "pre-fault this much memory at start for the weights of bucket loads, as a warm runtime does (0 = allocate per load)")
+	fl.StringVar(&f.logFile, "log-file", "", "write the log, and standard output and error, to this file, rotated past --log-max-size (default: log to standard error)")
+	fl.StringVar(&f.logMaxSize, "log-max-size", "10MiB", "size at which --log-file rotates (whole MiB)")
+	fl.IntVar(&f.logBackups, "log-max-backups", process.DefaultLogBackups, "rotated copies of --log-file kept")
 	f.cache.add(fl)
 	f.s3 = addS3Flags(fl)
 	return cmd
@@ -73,6 +80,13 @@ func runEngine(ctx context.Context, f engineFlags) error {
 	}
 	if modes != 1 && !(modes == 2 && f.blank && f.sim) {
 		return errors.New("give exactly one of --model DIR, --blank and --sim (or --blank --sim: a sim engine that loads on demand)")
+	}
+	if f.logFile != "" {
+		closeLog, err := logToFile(ctx, f)
+		if err != nil {
+			return err
+		}
+		defer closeLog()
 	}
 	kvBytes, err := sizeFlag("kv-cache-memory", f.kvMemory, 1, maxSize)
 	if err != nil {
@@ -145,6 +159,37 @@ func runEngine(ctx context.Context, f engineFlags) error {
 		slog.Warn("drain ended early", "err", err)
 	}
 	return hs.Shutdown(drainCtx)
+}
+
+// logToFile makes --log-file the engine's log (at the level -v chose) and
+// its standard output and error: a runtime started by serve outlives it,
+// so nothing it writes may go to serve.
+func logToFile(ctx context.Context, f engineFlags) (closeLog func(), err error) {
+	size, err := sizeFlag("log-max-size", f.logMaxSize, 1, maxSize)
+	if err != nil {
+		return nil, err
+	}
+	if f.logBackups < 0 {
+		return nil, fmt.Errorf("--log-max-backups: %d is negative", f.logBackups)
+	}
+	backups := f.logBackups
+	if backups == 0 {
+		backups = -1 // LogOptions' "none"
+	}
+	w, err := process.OpenLog(process.LogOptions{Path: f.logFile, MaxBytes: size, Backups: backups})
+	if err != nil {
+		return nil, fmt.Errorf("--log-file: %w", err)
+	}
+	level := slog.LevelInfo
+	if slog.Default().Enabled(ctx, slog.LevelDebug) {
+		level = slog.LevelDebug
+	}
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})))
+	return func() {
+		slog.SetDefault(prev)
+		w.Close()
+	}, nil
 }
 
 // engineOptions are the flags every loader shares.

@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,11 +25,9 @@ import (
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/store"
 	"github.com/stokehq/stoke/runtime"
-	"github.com/stokehq/stoke/runtime/process"
 	"github.com/stokehq/stoke/scaler"
 	"github.com/stokehq/stoke/scaler/reconcile"
 	"github.com/stokehq/stoke/weightstore/bucket"
-	"github.com/stokehq/stoke/weightstore/loader"
 	"github.com/stokehq/stoke/weightstore/nodecache"
 	"github.com/stokehq/stoke/weightstore/watch"
 )
@@ -36,6 +39,7 @@ type serveFlags struct {
 	interval, quiet, drain                                      time.Duration
 	prefetch                                                    bool
 	s3                                                          *s3Flags
+	runtime                                                     runtimeFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -47,7 +51,15 @@ func newServeCmd() *cobra.Command {
 (every model pushed to the bucket becomes a deployment), the runtime manager
 with its warm pool, the scaler and the activator behind the OpenAI-compatible
 API. With no flags it listens on 127.0.0.1:8080 and keeps everything under
-./.stoke, serving the models pushed to file://$PWD/.stoke/bucket/NAME as NAME.`,
+./.stoke, serving the models pushed to file://$PWD/.stoke/bucket/NAME as NAME.
+
+Serve logs to its standard error. Each runtime logs (its standard output and
+error too) to DATA/rt/ID.log, ID as in GET /admin/runtimes; a process runtime
+rotates it past 10 MiB, keeping 3 older files beside it (ID-TIME.log), and the
+logs of the 8 most recent runtimes that are gone are kept, older ones deleted.
+Runtimes outlive a serve that is killed: the next serve on the same --data
+re-adopts them and serves on with the ready ones. One serve at a time holds
+DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), f) },
 	}
@@ -71,6 +83,8 @@ API. With no flags it listens on 127.0.0.1:8080 and keeps everything under
 	fl.StringVar(&f.cacheMaxSize, "cache-max-size", "0", "size budget of the node cache under DATA/cache, least recently used revisions evicted past it (0 = unlimited)")
 	fl.StringVar(&f.simProfile, "sim-profile", "", "run sim engines with this latency profile instead of computing (every model is served by it)")
 	f.s3 = addS3Flags(fl)
+	f.runtime.add(fl)
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error { return f.runtime.check(cmd.Flags()) }
 	return cmd
 }
 
@@ -102,6 +116,19 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err := os.MkdirAll(data, 0o755); err != nil {
 		return fmt.Errorf("--data: %w", err)
 	}
+	// One serve per data directory, and its address bound, before it
+	// opens, starts or re-adopts anything there: a second serve would
+	// take over (and stop) the first one's runtimes.
+	unlock, err := lockData(data)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	ln, err := server.Listen(f.listen)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
 	if f.bucketURL == "" {
 		f.bucketURL = "file://" + filepath.Join(data, "bucket")
 		if err := os.MkdirAll(filepath.Join(data, "bucket"), 0o755); err != nil {
@@ -126,12 +153,14 @@ func runServe(ctx context.Context, f serveFlags) error {
 
 	// Runtimes are short-lived sockets: keep their directory short too.
 	rtDir := filepath.Join(data, "rt")
-	be, err := process.New(process.Options{Dir: rtDir})
+	node, err := openNodeRuntime(ctx, f.runtime, data, rtDir, f.bucketURL, cacheMax)
 	if err != nil {
 		return err
 	}
-	engineArgs := []string{"--kv-cache-memory", f.kvMemory, "--max-num-seqs", fmt.Sprint(f.maxNumSeqs), "--threads", fmt.Sprint(f.threads),
-		"--cache-dir", filepath.Join(data, "cache"), "--cache-max-size", fmt.Sprint(cacheMax)}
+	defer node.close()
+	// The engines get no node cache of their own: the runtime manager
+	// decides where each load's bytes come from and fills the cache.
+	engineArgs := []string{"--kv-cache-memory", f.kvMemory, "--max-num-seqs", fmt.Sprint(f.maxNumSeqs), "--threads", fmt.Sprint(f.threads), "--no-cache"}
 	if f.kernels != "" {
 		engineArgs = append(engineArgs, "--kernels", f.kernels)
 	}
@@ -153,8 +182,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	late := &lateController{}
 	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg})
-	mgr, err := runtime.New(ctx, runtime.Options{Backend: be, Dir: rtDir, Slots: slots, Warm: f.warm, SleepBudget: sleepBudget,
-		Source: f.bucketURL, WeightArena: arena, EngineArgs: engineArgs, OnEvent: late.onRuntimeEvent})
+	var loadCache nodecache.Cache = node.cache
+	if f.simProfile != "" { // sim engines read no weights: nothing to cache
+		loadCache = nil
+	}
+	mgr, err := runtime.New(ctx, runtime.Options{Backend: node.backend, Dir: rtDir, Slots: slots, Warm: f.warm, SleepBudget: sleepBudget,
+		Source: f.bucketURL, Cache: loadCache, Bucket: b, WeightArena: arena, EngineArgs: engineArgs, OnEvent: late.onRuntimeEvent})
 	if err != nil {
 		return err
 	}
@@ -164,29 +197,18 @@ func runServe(ctx context.Context, f serveFlags) error {
 		mgr.Close(cctx)
 	}()
 	reg.MustRegister(mgr.Collector())
-	cache, err := nodecache.NewDir(filepath.Join(data, "cache"), nodecache.DirOptions{MaxBytes: cacheMax})
-	if err != nil {
-		return err
-	}
 	var prefetch func(ctx context.Context, model, revision string) error
 	if f.prefetch && f.simProfile == "" { // sim engines read no weights
-		prefetch = func(ctx context.Context, model, revision string) error {
-			_, err := loader.Prefetch(ctx, cache, loader.Request{Bucket: b, Model: model, Revision: revision}, loader.Options{})
-			return err
-		}
+		prefetch = mgr.Prefetch
 	}
 	ctrl, err := reconcile.New(ctx, reconcile.Options{Store: st, Runtimes: mgr, Router: act, NewDecider: reconcile.NewAutoscaler,
-		ReplicaCapacity: f.maxNumSeqs, Metrics: scaler.NewMetrics(reg), Registerer: reg, Cache: cache, Warm: f.warm, Prefetch: prefetch})
+		ReplicaCapacity: f.maxNumSeqs, Metrics: scaler.NewMetrics(reg), Registerer: reg, Cache: node.cache, Warm: f.warm, Prefetch: prefetch})
 	if err != nil {
 		return err
 	}
 	late.set(ctrl)
 	w := watch.New(b, st, watch.Options{Interval: f.interval, Quiet: f.quiet, OnRevision: ctrl.OnRevision})
 
-	ln, err := server.Listen(f.listen)
-	if err != nil {
-		return err
-	}
 	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg, ColdStarts: ctrl}),
 		ReadHeaderTimeout: 10 * time.Second}
 	runCtx, stop := context.WithCancel(ctx)
@@ -214,27 +236,64 @@ func runServe(ctx context.Context, f serveFlags) error {
 	return err
 }
 
-// lateController lets the activator and the runtime manager, built before
-// the controller they report to, reach it once it exists.
-type lateController struct{ c *reconcile.Controller }
+// lockData takes the data directory for this process: an exclusive
+// flock on DATA/lock, which then holds its pid. The lock goes with the
+// process, however it ends (kill -9 included); the runtimes it starts do
+// not inherit it (Go opens files close-on-exec).
+func lockData(data string) (unlock func(), err error) {
+	path := filepath.Join(data, "lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("--data: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := io.ReadAll(io.LimitReader(f, 32))
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			pid := strings.TrimSpace(string(holder))
+			if pid == "" {
+				pid = "unknown"
+			}
+			return nil, fmt.Errorf("data directory %s is in use by another stoke serve (pid %s); stop it, or give this one another --data", data, pid)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	err = f.Truncate(0)
+	if err == nil {
+		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil
+}
 
-func (l *lateController) set(c *reconcile.Controller) { l.c = c }
+// lateController lets the activator and the runtime manager, built before
+// the controller they report to, reach it once it exists; they call it
+// from their own goroutines while serve sets it.
+type lateController struct {
+	c atomic.Pointer[reconcile.Controller]
+}
+
+func (l *lateController) set(c *reconcile.Controller) { l.c.Store(c) }
 
 func (l *lateController) Lookup(name string) (string, config.Spec, bool) {
-	if l.c == nil {
+	c := l.c.Load()
+	if c == nil {
 		return "", config.Spec{}, false
 	}
-	return l.c.Lookup(name)
+	return c.Lookup(name)
 }
 
 func (l *lateController) Poke(name string) {
-	if l.c != nil {
-		l.c.Poke(name)
+	if c := l.c.Load(); c != nil {
+		c.Poke(name)
 	}
 }
 
 func (l *lateController) onRuntimeEvent(e runtime.Event) {
-	if l.c != nil {
-		go l.c.OnRuntimeEvent(e)
+	if c := l.c.Load(); c != nil {
+		go c.OnRuntimeEvent(e)
 	}
 }

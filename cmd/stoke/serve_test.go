@@ -21,6 +21,8 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/stokehq/stoke/internal/dtype"
+	"github.com/stokehq/stoke/runtime"
+	"github.com/stokehq/stoke/scaler/reconcile"
 	"github.com/stokehq/stoke/weightstore/bucket/bucketest"
 	"github.com/stokehq/stoke/weightstore/nodecache"
 	"github.com/stokehq/stoke/weightstore/synth"
@@ -41,7 +43,25 @@ func freeAddr(t testing.TB) string {
 // processes of this test binary too) and returns its base URL.
 func startServe(t testing.TB, env []string, args ...string) string {
 	t.Helper()
-	addr := freeAddr(t)
+	s := launchServe(t, env, freeAddr(t), args...)
+	s.waitHealthy(t)
+	return s.base
+}
+
+// serveProc is a `stoke serve` process a test started.
+type serveProc struct {
+	base, logPath string
+	cmd           *exec.Cmd
+	done          chan struct{} // closed once it exited
+	err           error         // its exit, once done
+}
+
+// launchServe starts `stoke serve --listen addr ARGS…` without waiting for
+// it to answer. At the end of the test it is stopped with SIGTERM (unless
+// it already exited), its log is shown if the test failed, and a data race
+// it reported fails the test: the race pass runs serve built with -race.
+func launchServe(t testing.TB, env []string, addr string, args ...string) *serveProc {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", addr}, args...)...)
 	cmd.Env = append(append(os.Environ(), runMainEnv+"=1"), env...)
 	logPath := filepath.Join(t.TempDir(), "serve.log")
@@ -54,31 +74,55 @@ func startServe(t testing.TB, env []string, args ...string) string {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	logFile.Close()
+	s := &serveProc{base: "http://" + addr, logPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() { s.err = cmd.Wait(); close(s.done) }()
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-exited
-			t.Error("stoke serve did not stop on SIGTERM")
+		case <-s.done:
+		default:
+			cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-s.done:
+			case <-time.After(30 * time.Second):
+				syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				<-s.done
+				t.Error("stoke serve did not stop on SIGTERM")
+			}
+		}
+		log := s.log()
+		if strings.Contains(log, "WARNING: DATA RACE") {
+			t.Error("stoke serve reported a data race")
 		}
 		if t.Failed() {
-			log, _ := os.ReadFile(logPath)
 			t.Logf("stoke serve's log:\n%s", log)
 		}
 	})
-	base := "http://" + addr
+	return s
+}
+
+// waitHealthy waits until serve answers /health, failing at once if it
+// exits first.
+func (s *serveProc) waitHealthy(t testing.TB) {
+	t.Helper()
 	waitUntil(t, "stoke serve answers", 30*time.Second, func() bool {
-		resp, err := http.Get(base + "/health")
+		select {
+		case <-s.done:
+			t.Fatalf("stoke serve exited before it answered: %v\n%s", s.err, s.log())
+		default:
+		}
+		resp, err := http.Get(s.base + "/health")
 		if err == nil {
 			resp.Body.Close()
 		}
 		return err == nil && resp.StatusCode == http.StatusOK
 	})
-	return base
+}
+
+// log is what serve printed so far.
+func (s *serveProc) log() string {
+	b, _ := os.ReadFile(s.logPath)
+	return string(b)
 }
 
 func waitUntil(t testing.TB, what string, limit time.Duration, cond func() bool) {
@@ -611,6 +655,15 @@ func TestBenchColdStart(t *testing.T) {
 // directory it returns.
 func pushServed(t testing.TB, name, spec string) string {
 	t.Helper()
+	bucketDir := t.TempDir()
+	pushTo(t, bucketDir, name, spec)
+	return bucketDir
+}
+
+// pushTo pushes a synthetic tiny model with the deployment spec spec as
+// name into the file:// bucket at bucketDir.
+func pushTo(t testing.TB, bucketDir, name, spec string) {
+	t.Helper()
 	src := filepath.Join(t.TempDir(), "src")
 	if err := synth.Write(context.Background(), src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
 		t.Fatal(err)
@@ -618,9 +671,31 @@ func pushServed(t testing.TB, name, spec string) string {
 	if err := os.WriteFile(filepath.Join(src, "stoke.yaml"), []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	bucketDir := t.TempDir()
 	if out, err := stoke(t, "push", src, "file://"+bucketDir+"/"+name); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	return bucketDir
+}
+
+// TestLateControllerIsSafeToShare sets serve's late-bound controller while
+// the activator and the runtime manager already call it from their own
+// goroutines (the race pass catches an unsynchronized one).
+func TestLateControllerIsSafeToShare(t *testing.T) {
+	var l lateController
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 1000 {
+				l.Lookup("chat")
+				l.Poke("chat")
+				l.onRuntimeEvent(runtime.Event{Runtime: "rt-0-1", State: runtime.StateReady})
+			}
+		}()
+	}
+	l.set(&reconcile.Controller{})
+	wg.Wait()
+	if _, _, ok := l.Lookup("chat"); ok {
+		t.Fatal("an empty controller resolved a model")
+	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/containerd/containerd/oci"
 	"github.com/containerd/containerd/plugin"
 	"github.com/containerd/containerd/runtime/v2/runc/options"
+	"github.com/moby/sys/mountinfo"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -135,6 +136,13 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 func shareViews(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
+	}
+	// A backend of a manager that was killed left its mount point: take
+	// it over rather than stack another on it.
+	if mounted, err := mountinfo.Mounted(dir); err != nil {
+		return fmt.Errorf("is %s a mount point: %w", dir, err)
+	} else if mounted {
+		return unix.Mount("", dir, "", unix.MS_SHARED|unix.MS_REC, "")
 	}
 	if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind %s: %w", dir, err)

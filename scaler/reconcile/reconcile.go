@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stokehq/stoke/engine/engineapi"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stokehq/stoke/internal/config"
@@ -34,6 +36,9 @@ type Runtimes interface {
 	Release(ctx context.Context, id string) error
 	// SetSleepLimit caps the replicas of model Release keeps asleep.
 	SetSleepLimit(model string, n int)
+	// EngineState reads the engine state of runtime id (its queue and KV
+	// usage), through the manager's client of that engine.
+	EngineState(ctx context.Context, id string) (engineapi.StateInfo, error)
 	// The operations Prepare drives tiers with.
 	Runtimes() []runtime.Info
 	Unload(ctx context.Context, id string) error
@@ -160,7 +165,8 @@ type deployment struct {
 	spec     config.Spec
 	decider  Decider
 	replicas map[string]*runtime.Replica
-	clients  map[string]*runtime.EngineClient
+	// engines is what its replicas' engines reported at the last poll.
+	engines  engineReading
 	pending  int             // acquisitions in progress
 	draining map[string]bool // replicas being released
 	last     scaler.Decision
@@ -187,10 +193,6 @@ func (d *deployment) forget(id string) bool {
 	_, ok := d.replicas[id]
 	delete(d.replicas, id)
 	delete(d.draining, id)
-	if cl, ok := d.clients[id]; ok {
-		cl.Close()
-		delete(d.clients, id)
-	}
 	return ok
 }
 
@@ -261,9 +263,9 @@ func (c *Controller) set(d store.Deployment) error {
 	dep, ok := c.deps[d.Name]
 	if !ok || dep.spec != spec {
 		nd := &deployment{d: d, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{},
-			clients: map[string]*runtime.EngineClient{}, draining: map[string]bool{}}
+			draining: map[string]bool{}}
 		if ok {
-			nd.replicas, nd.clients, nd.pending, nd.draining, nd.last, nd.lastAcq, nd.hold, nd.arrivals = dep.replicas, dep.clients, dep.pending, dep.draining, dep.last, dep.lastAcq, dep.hold, dep.arrivals
+			nd.replicas, nd.engines, nd.pending, nd.draining, nd.last, nd.lastAcq, nd.hold, nd.arrivals = dep.replicas, dep.engines, dep.pending, dep.draining, dep.last, dep.lastAcq, dep.hold, dep.arrivals
 		}
 		c.deps[d.Name] = nd
 		return nil
@@ -463,8 +465,14 @@ func (c *Controller) OnRuntimeEvent(e runtime.Event) {
 // Run reconciles until ctx ends, then waits for acquisitions and releases
 // in progress.
 func (c *Controller) Run(ctx context.Context) {
+	c.adoptReplicas(ctx) // adopt.go: the replicas a restarted manager re-adopted
 	t := time.NewTicker(c.opts.Interval)
 	defer t.Stop()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		c.pollEngines(ctx)
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -491,21 +499,6 @@ func (c *Controller) Run(ctx context.Context) {
 	}
 }
 
-// engineSignals reads the engines' queues and KV usage for the scaler:
-// waiting requests summed, KV usage at its highest.
-func engineSignals(ctx context.Context, clients []*runtime.EngineClient) (waiting int, kv float64) {
-	for _, cl := range clients {
-		cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		st, err := cl.State(cctx)
-		cancel()
-		if err == nil {
-			waiting += st.Waiting
-			kv = max(kv, st.KV.Usage)
-		}
-	}
-	return waiting, kv
-}
-
 // reconcile moves one deployment toward its autoscaler's decision.
 func (c *Controller) reconcile(ctx context.Context, name string) {
 	c.mu.Lock()
@@ -514,14 +507,10 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 		c.mu.Unlock()
 		return
 	}
-	clients := make([]*runtime.EngineClient, 0, len(d.clients))
-	for _, cl := range d.clients {
-		clients = append(clients, cl)
-	}
+	engines := d.engines
 	c.mu.Unlock()
-	waiting, kv := engineSignals(ctx, clients)
 	arrivals, latency := c.opts.Router.Traffic(name)
-	signals := scaler.Signals{Waiting: waiting, KVUsage: kv, QueueWaitP90: c.opts.Router.QueueWaitP90(name), AvgLatency: latency}
+	signals := scaler.Signals{Waiting: engines.waiting, KVUsage: engines.kv, QueueWaitP90: c.opts.Router.QueueWaitP90(name), AvgLatency: latency}
 
 	now := time.Now()
 	c.mu.Lock()
@@ -589,7 +578,6 @@ func (c *Controller) acquire(ctx context.Context, name, revision string) {
 	d.pending--
 	if err == nil {
 		d.replicas[rep.ID] = rep
-		d.clients[rep.ID] = runtime.NewEngineClient("unix://" + rep.Socket)
 		d.lastAcq = rep
 		d.decider.SetColdStart(rep.Breakdown.Total)
 	}
