@@ -1,14 +1,19 @@
-// Package reconcile carries out the scaler's decisions: it keeps the
-// deployments (a model name, the revision it serves, its spec) from the
-// state store, asks each deployment's autoscaler how many replicas it
-// wants, acquires and releases replicas through the runtime manager, and
-// publishes the ready ones to the activator's router.
+// Package reconcile carries out the scaler's decisions, one job per file:
+// deployments.go keeps the deployments from the state store and resolves
+// a model name to the revision and spec it serves (the activator's
+// resolver); engines.go polls the replicas' engines for the scaler's
+// signals, off the decision loop; reconcile.go asks each deployment's
+// autoscaler how many replicas it wants and acts on it, acquiring and
+// releasing replicas through the runtime manager and publishing the ready
+// ones to the activator; adopt.go takes over the ready replicas an earlier
+// serve left; prefetch.go puts newly deployed revisions into the node
+// cache; coldstart.go drives a deployment into a cold-start tier for the
+// bench.
 package reconcile
 
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,12 +26,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stokehq/stoke/internal/config"
-	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
 	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/runtime"
 	"github.com/stokehq/stoke/scaler"
-	"github.com/stokehq/stoke/weightstore/manifest"
 	"github.com/stokehq/stoke/weightstore/nodecache"
 )
 
@@ -249,123 +252,6 @@ func New(ctx context.Context, opts Options) (*Controller, error) {
 	return c, nil
 }
 
-// set installs or updates the in-memory deployment d.
-func (c *Controller) set(d store.Deployment) error {
-	spec, err := config.Parse(d.Spec)
-	if err != nil {
-		return err
-	}
-	if c.opts.Runtimes != nil {
-		c.opts.Runtimes.SetSleepLimit(d.Name, spec.Replicas.Sleeping)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	dep, ok := c.deps[d.Name]
-	if !ok || dep.spec != spec {
-		nd := &deployment{d: d, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{},
-			draining: map[string]bool{}}
-		if ok {
-			nd.replicas, nd.engines, nd.pending, nd.draining, nd.last, nd.lastAcq, nd.hold, nd.arrivals = dep.replicas, dep.engines, dep.pending, dep.draining, dep.last, dep.lastAcq, dep.hold, dep.arrivals
-		}
-		c.deps[d.Name] = nd
-		return nil
-	}
-	dep.d = d
-	return nil
-}
-
-// OnRevision records a revision the watcher validated: a ready one
-// becomes what its model's deployment serves, with the spec pushed beside
-// it (or the deployment's current one, or the defaults).
-func (c *Controller) OnRevision(r store.Revision) {
-	if r.State != store.RevisionReady {
-		return
-	}
-	ctx := context.Background()
-	spec := json.RawMessage("{}")
-	if cur, err := c.opts.Store.Deployment(ctx, r.Model); err == nil {
-		spec = cur.Spec
-	}
-	if m, err := manifest.Parse(r.Manifest); err == nil && len(m.Spec) > 0 {
-		spec = m.Spec
-	}
-	if _, err := config.Parse(spec); err != nil {
-		c.log.Warn("the pushed stoke.yaml is invalid; keeping the defaults", "model", r.Model, "err", err)
-		spec = json.RawMessage("{}")
-	}
-	d := store.Deployment{Name: r.Model, Revision: r.Digest, Spec: spec}
-	if err := c.opts.Store.PutDeployment(ctx, d); err != nil {
-		c.log.Error("record deployment", "deployment", d.Name, "err", err)
-		return
-	}
-	d.UpdatedAt = time.Now()
-	if err := c.set(d); err != nil {
-		c.log.Error("deploy", "deployment", d.Name, "err", err)
-		return
-	}
-	c.log.Info("deployment serves a new revision", "deployment", d.Name, "revision", d.Revision)
-	c.prefetch(d.Name, d.Revision)
-}
-
-// prefetch puts a deployed revision into the node cache in the background
-// (Options.Prefetch); one prefetch per revision at a time.
-func (c *Controller) prefetch(model, revision string) {
-	if c.opts.Prefetch == nil || revision == "" {
-		return
-	}
-	c.mu.Lock()
-	if c.stopped || c.prefetching[revision] != nil {
-		c.mu.Unlock()
-		return
-	}
-	done := make(chan struct{})
-	c.prefetching[revision] = done
-	c.bg.Add(1)
-	c.mu.Unlock()
-	go func() {
-		defer c.bg.Done()
-		start := time.Now()
-		err := c.opts.Prefetch(c.bgCtx, model, revision)
-		c.mu.Lock()
-		delete(c.prefetching, revision)
-		c.mu.Unlock()
-		close(done)
-		switch {
-		case err == nil:
-			c.log.Info("revision prefetched into the node cache", "deployment", model, "revision", revision, "seconds", time.Since(start).Seconds())
-		case !errors.Is(err, context.Canceled):
-			c.log.Warn("prefetch into the node cache failed; the first cold start reads the bucket", "deployment", model, "revision", revision, "err", err)
-		}
-	}()
-}
-
-// waitPrefetch waits for a prefetch of revision in progress, if any.
-func (c *Controller) waitPrefetch(ctx context.Context, revision string) error {
-	c.mu.Lock()
-	done := c.prefetching[revision]
-	c.mu.Unlock()
-	if done == nil {
-		return nil
-	}
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// Lookup resolves a model name to its deployment's revision and spec.
-func (c *Controller) Lookup(name string) (revision string, spec config.Spec, ok bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	d, ok := c.deps[name]
-	if !ok {
-		return "", config.Spec{}, false
-	}
-	return d.d.Revision, d.spec, true
-}
-
 // Poke makes the controller reconcile a deployment now, as when a request
 // waits for a replica.
 func (c *Controller) Poke(name string) {
@@ -412,33 +298,6 @@ func (c *Controller) Status(name string) (Status, bool) {
 		st.LastColdStart = d.lastAcq.Tier
 	}
 	return st, true
-}
-
-// Deployments implements api.Deployments.
-func (c *Controller) Deployments(ctx context.Context) ([]store.Deployment, error) {
-	return c.opts.Store.Deployments(ctx)
-}
-
-// Deployment implements api.Deployments.
-func (c *Controller) Deployment(ctx context.Context, name string) (store.Deployment, error) {
-	return c.opts.Store.Deployment(ctx, name)
-}
-
-// UpdateSpec implements api.Deployments.
-func (c *Controller) UpdateSpec(ctx context.Context, name string, raw json.RawMessage) (store.Deployment, error) {
-	d, err := c.opts.Store.Deployment(ctx, name)
-	if err != nil {
-		return store.Deployment{}, err
-	}
-	if _, err := config.Parse(raw); err != nil {
-		return store.Deployment{}, openai.InvalidRequest("spec", "%v", err)
-	}
-	d.Spec = raw
-	if err := c.opts.Store.PutDeployment(ctx, d); err != nil {
-		return store.Deployment{}, err
-	}
-	d.UpdatedAt = time.Now()
-	return d, c.set(d)
 }
 
 // OnRuntimeEvent drops a replica whose runtime is gone; the next
@@ -611,157 +470,4 @@ func (c *Controller) release(ctx context.Context, name, id string) {
 	if err := c.opts.Runtimes.Release(ctx, id); err != nil {
 		c.log.Warn("release a replica", "deployment", name, "runtime", id, "err", err)
 	}
-}
-
-// Acquisition is how a deployment's replica on runtime id was acquired
-// ("" for the latest acquisition).
-func (c *Controller) Acquisition(name, id string) (*runtime.Replica, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	d, ok := c.deps[name]
-	if !ok {
-		return nil, false
-	}
-	if id == "" {
-		return d.lastAcq, d.lastAcq != nil
-	}
-	rep, ok := d.replicas[id]
-	return rep, ok
-}
-
-// Prepare drives a deployment into the state in which its next request is
-// served by tier, for the cold-start bench: every replica released and the
-// autoscaler's history forgotten, then t1 leaves a sleeping replica, t2 a
-// warm blank runtime with the revision in the node cache, t3 the same
-// without it in the cache, t4 no idle runtime at all and an empty warm pool
-// until the next acquisition. A deployment that keeps replicas (min > 0)
-// cannot be prepared.
-func (c *Controller) Prepare(ctx context.Context, name string, want tier.Tier) error {
-	c.mu.Lock()
-	d, ok := c.deps[name]
-	if !ok {
-		c.mu.Unlock()
-		return fmt.Errorf("prepare %s: %w", name, store.ErrNotFound)
-	}
-	if d.spec.Replicas.Min > 0 {
-		c.mu.Unlock()
-		return openai.InvalidRequest("tier", "deployment %s keeps %d replicas (replicas.min); it never goes cold", name, d.spec.Replicas.Min)
-	}
-	revision := d.d.Revision
-	c.mu.Unlock()
-	if err := c.waitPrefetch(ctx, revision); err != nil { // it would refill the cache under a t3
-		return err
-	}
-	c.mu.Lock()
-	if d, ok = c.deps[name]; !ok {
-		c.mu.Unlock()
-		return fmt.Errorf("prepare %s: %w", name, store.ErrNotFound)
-	}
-	d.decider = c.opts.NewDecider(name, d.spec)
-	d.hold = true
-	for d.pending > 0 { // let acquisitions under way finish first
-		c.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-		c.mu.Lock()
-	}
-	ids := d.serving()
-	for _, id := range ids {
-		d.draining[id] = true
-	}
-	revision = d.d.Revision
-	c.mu.Unlock()
-	for _, id := range ids {
-		c.wg.Add(1)
-		c.release(ctx, name, id)
-	}
-	idle := func(state runtime.State) []string {
-		var out []string
-		for _, r := range c.opts.Runtimes.Runtimes() {
-			if r.State == state && !r.InUse && (state == runtime.StateBlank || r.Model == name) {
-				out = append(out, r.ID)
-			}
-		}
-		return out
-	}
-	cycle := func() error { // load the revision once and put it to sleep
-		rep, err := c.opts.Runtimes.Acquire(ctx, name, revision)
-		if err != nil {
-			return err
-		}
-		return c.opts.Runtimes.Release(ctx, rep.ID)
-	}
-	switch want {
-	case tier.Wake:
-		if len(idle(runtime.StateSleeping)) == 0 {
-			if err := cycle(); err != nil {
-				return fmt.Errorf("prepare %s for t1: %w", name, err)
-			}
-		}
-		if len(idle(runtime.StateSleeping)) == 0 {
-			return fmt.Errorf("prepare %s for t1: its replica did not go to sleep (is the sleep budget big enough?)", name)
-		}
-		return nil
-	case tier.Cache, tier.Bucket, tier.Start:
-	default:
-		return openai.InvalidRequest("tier", "tier %q is not t1, t2, t3 or t4", want)
-	}
-	if c.opts.Cache == nil {
-		return fmt.Errorf("prepare %s for %s: no node cache to prepare", name, want)
-	}
-	if want == tier.Cache {
-		if v, err := c.opts.Cache.OpenRevision(ctx, revision); err == nil {
-			v.Close()
-		} else if err := cycle(); err != nil {
-			return fmt.Errorf("prepare %s for t2: %w", name, err)
-		}
-	}
-	for _, id := range idle(runtime.StateSleeping) {
-		if err := c.opts.Runtimes.Unload(ctx, id); err != nil {
-			return fmt.Errorf("prepare %s for %s: %w", name, want, err)
-		}
-	}
-	switch want {
-	case tier.Cache:
-		// The runtime that loaded it commits the cache after serving.
-		for {
-			v, err := c.opts.Cache.OpenRevision(ctx, revision)
-			if err == nil {
-				v.Close()
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("prepare %s for t2: the node cache never got the revision: %w", name, ctx.Err())
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	case tier.Bucket:
-		if err := c.opts.Cache.Remove(ctx, revision); err != nil && !errors.Is(err, nodecache.ErrNotExist) {
-			return fmt.Errorf("prepare %s for t3: %w", name, err)
-		}
-	case tier.Start:
-		c.mu.Lock()
-		c.restoreWarm = true
-		c.mu.Unlock()
-		if err := c.opts.Runtimes.SetWarm(0); err != nil {
-			return err
-		}
-		return c.opts.Runtimes.StopIdle(ctx)
-	}
-	// t2 and t3 load into a warm blank runtime.
-	for len(idle(runtime.StateBlank)) == 0 {
-		if c.opts.Warm == 0 {
-			return fmt.Errorf("prepare %s for %s: the warm pool is empty (serve --warm 0)", name, want)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("prepare %s for %s: no warm runtime: %w", name, want, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return nil
 }
