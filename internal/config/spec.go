@@ -15,7 +15,10 @@ type Spec struct {
 	// TargetConcurrency is the in-flight requests one replica should
 	// carry; the scaler sizes the deployment by it.
 	TargetConcurrency float64 `json:"target_concurrency"`
-	// TTFTSLO is the p90 time-to-first-token the scaler defends.
+	// TTFTSLO is the time to first token the scaler defends: when the p90
+	// of requests' waits for a replica (in the activator's buffer, over
+	// the window) exceeds it, the deployment gets one more replica. Compute
+	// time is left out: more replicas on the same node cannot shorten it.
 	TTFTSLO Duration `json:"ttft_slo"`
 	// Window is the scaler's stable window: concurrency is averaged over
 	// it (the panic window is a tenth of it), as Knative's

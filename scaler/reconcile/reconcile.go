@@ -380,7 +380,7 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 	d.decider.Record(now, c.opts.Router.Concurrency(name))
 	d.decider.RecordArrivals(now, int(max(arrivals-d.arrivals, 0)))
 	d.arrivals = arrivals
-	ready := len(d.replicas)
+	ready := len(d.replicas) - len(d.draining)
 	signals.Ready = ready
 	dec := d.decider.Decide(now, signals)
 	if c.opts.Metrics != nil {
