@@ -2,7 +2,6 @@ package activator
 
 import (
 	"bytes"
-	"encoding/json"
 	"net/http"
 	"strconv"
 	"time"
@@ -71,40 +70,46 @@ func (g gaugeFunc) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// recorder notes a response's status and when its first byte went out.
+// recorder notes a response's status, when its first and last bytes went
+// out, and reads its usage (and, for a stream, counts its events) as the
+// bytes pass (see answerUsage).
 type recorder struct {
 	http.ResponseWriter
-	status int
-	first  time.Time
-	last   time.Time
-	events int    // SSE events written
-	tail   []byte // the answer's last bytes, where its usage is
-	queued bool   // waited in the buffer for a replica
+	status  int
+	first   time.Time
+	last    time.Time
+	started bool // the answer's kind (stream or not) is known
+	usage   answerUsage
+	queued  bool // waited in the buffer for a replica
 }
 
-const tailBytes = 4096
-
 func (r *recorder) WriteHeader(code int) {
-	if r.status == 0 {
+	if code >= 200 && r.status == 0 { // 1xx are interim
 		r.status = code
+		r.start()
 	}
 	r.ResponseWriter.WriteHeader(code)
+}
+
+// start notes whether the answer, whose headers are now set, is a stream.
+func (r *recorder) start() {
+	if !r.started {
+		r.started = true
+		r.usage.sse = isEventStream(r.Header().Get("Content-Type"))
+	}
 }
 
 func (r *recorder) Write(p []byte) (int, error) {
 	if r.status == 0 {
 		r.status = http.StatusOK
+		r.start()
 	}
 	now := time.Now()
 	if r.first.IsZero() {
 		r.first = now
 	}
 	r.last = now
-	r.events += bytes.Count(p, []byte("data: "))
-	r.tail = append(r.tail, p[max(0, len(p)-tailBytes):]...)
-	if len(r.tail) > tailBytes {
-		r.tail = r.tail[len(r.tail)-tailBytes:]
-	}
+	r.usage.write(p)
 	return r.ResponseWriter.Write(p)
 }
 
@@ -120,26 +125,25 @@ func (m *Metrics) observe(model string, rec *recorder, start time.Time) {
 		m.ttfb.WithLabelValues(model).Observe(rec.first.Sub(start).Seconds())
 	}
 	m.duration.WithLabelValues(model).Observe(time.Since(start).Seconds())
-	if rec.events > 2 { // a stream: events and the closing [DONE]
-		m.tpot.WithLabelValues(model).Observe(rec.last.Sub(rec.first).Seconds() / float64(rec.events-2))
+	if events := rec.usage.events(); events > 2 { // a stream: events and the closing [DONE]
+		m.tpot.WithLabelValues(model).Observe(rec.last.Sub(rec.first).Seconds() / float64(events-2))
 	}
-	if u, ok := usageOf(rec.tail); ok {
+	if u, ok := rec.usage.result(); ok && u.PromptTokens+u.CompletionTokens > 0 {
 		m.tokens.WithLabelValues(model, "prompt").Add(float64(u.PromptTokens))
 		m.tokens.WithLabelValues(model, "completion").Add(float64(u.CompletionTokens))
 	}
 }
 
-// usageOf finds the usage object of an answer from its last bytes: the
-// body of a plain answer, the last event with usage of a stream.
-func usageOf(tail []byte) (openai.Usage, bool) {
-	i := bytes.LastIndex(tail, []byte(`"usage":{`))
-	if i < 0 {
-		return openai.Usage{}, false
+// usageOf reads the usage of a whole answer: the body of a plain answer,
+// or the last event with usage of a stream (an answer whose first
+// non-blank byte starts an SSE line: "data:", another field or a comment,
+// not a JSON object).
+func usageOf(answer []byte) (openai.Usage, bool) {
+	var a answerUsage
+	if rest := bytes.TrimLeft(answer, " \t\r\n"); len(rest) > 0 && rest[0] != '{' {
+		a.sse = true
 	}
-	var u openai.Usage
-	dec := json.NewDecoder(bytes.NewReader(tail[i+len(`"usage":`):]))
-	if err := dec.Decode(&u); err != nil {
-		return openai.Usage{}, false
-	}
-	return u, u.PromptTokens+u.CompletionTokens > 0
+	a.write(answer)
+	u, ok := a.result()
+	return u, ok && u.PromptTokens+u.CompletionTokens > 0
 }

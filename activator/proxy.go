@@ -3,52 +3,80 @@ package activator
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/stokehq/stoke/internal/openai"
 )
 
-// Transports keeps one HTTP transport per engine address ("unix:///path"
-// or "host:port"), so connections to a replica are reused.
+// Transports keeps, per engine address ("unix:///path" or "host:port"),
+// one HTTP transport, so connections to a replica are reused, and the
+// reverse proxy that forwards requests over it.
 type Transports struct {
 	mu sync.Mutex
-	m  map[string]*http.Transport
+	m  map[string]*engineProxy
+}
+
+// engineProxy is the reverse proxy to one engine.
+type engineProxy struct {
+	tr   *http.Transport
+	host string // the URL host of requests to the engine
+	rp   httputil.ReverseProxy
 }
 
 // For returns the transport for addr and the URL base requests use.
 func (t *Transports) For(addr string) (http.RoundTripper, string) {
+	p := t.proxy(addr)
+	return p.tr, "http://" + p.host
+}
+
+// proxy returns addr's proxy, making it on first use.
+func (t *Transports) proxy(addr string) *engineProxy {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if p, ok := t.m[addr]; ok {
+		return p
+	}
 	if t.m == nil {
-		t.m = map[string]*http.Transport{}
+		t.m = map[string]*engineProxy{}
 	}
-	tr, ok := t.m[addr]
-	if !ok {
-		tr = &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, DisableCompression: true, ForceAttemptHTTP2: false}
-		if path, unix := strings.CutPrefix(addr, "unix://"); unix {
-			tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
-				return (&net.Dialer{}).DialContext(ctx, "unix", path)
-			}
+	p := &engineProxy{host: addr}
+	p.tr = &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, DisableCompression: true, ForceAttemptHTTP2: false}
+	if path, unix := strings.CutPrefix(addr, "unix://"); unix {
+		p.host = "engine"
+		p.tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
 		}
-		t.m[addr] = tr
 	}
-	if strings.HasPrefix(addr, "unix://") {
-		return tr, "http://engine"
+	p.rp = httputil.ReverseProxy{
+		Rewrite:        p.rewrite,
+		Transport:      p.tr,
+		ModifyResponse: modifyResponse,
+		ErrorHandler:   proxyError,
+		BufferPool:     copyBuffers,
+		// FlushInterval stays 0: ReverseProxy flushes every write of a
+		// text/event-stream answer (and of one of unknown length) at once
+		// whatever it says, as SSE needs (-1), while a plain answer of
+		// known length goes out in one write at its end.
 	}
-	return tr, "http://" + addr
+	t.m[addr] = p
+	return p
 }
 
 // Forget closes the idle connections to addr and drops its transport.
 func (t *Transports) Forget(addr string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if tr, ok := t.m[addr]; ok {
-		tr.CloseIdleConnections()
+	if p, ok := t.m[addr]; ok {
+		p.tr.CloseIdleConnections()
 		delete(t.m, addr)
 	}
 }
@@ -58,68 +86,190 @@ func (t *Transports) Forget(addr string) {
 var errNotStarted = errors.New("replica failed before the first byte")
 
 // errClient marks a forward that failed on the client's side (it went
-// away): not the replica's fault.
+// away, or sent what cannot be proxied): not the replica's fault.
 var errClient = errors.New("client failed")
 
-// hopHeaders are not forwarded (RFC 9110 §7.6.1).
-var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
 // forward sends a request (its body already read) to the engine at addr
-// and streams the answer back, flushing every chunk as it arrives so SSE
-// events pass through at once. An error before the first byte reached the
-// client wraps errNotStarted; a stream broken later ends with an error
-// event when it was SSE.
+// through httputil.ReverseProxy and streams the answer back; SSE events
+// pass through as they arrive. It returns nil once the whole answer went
+// out; an error wrapping errNotStarted when the engine could not be
+// reached or answered 5xx, with nothing written to w (the caller may try
+// another replica); one wrapping errClient when writing to the client
+// failed; any other error when the engine failed mid-answer, after which a
+// stream has ended with an error event. Cancelling ctx (the client went
+// away) cancels the engine's request.
+//
+// ReverseProxy aborts the handler with panic(http.ErrAbortHandler) when
+// copying the body fails, which would skip the caller's accounting and
+// lose the reason; so the attempt hands ReverseProxy a body that turns a
+// read error into the end of the answer (after the stream's error event)
+// and a writer that records a client write error and makes the body end,
+// and forward reports what they recorded.
 func (t *Transports) forward(ctx context.Context, addr string, r *http.Request, body []byte, w http.ResponseWriter) error {
-	rt, base := t.For(addr)
-	req, err := http.NewRequestWithContext(ctx, r.Method, base+r.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		return fmt.Errorf("%w: %v", errNotStarted, err)
+	p := t.proxy(addr)
+	a := &attempt{w: w, ctx: ctx}
+	a.req.Reset(body)
+	in := r.WithContext(context.WithValue(ctx, attemptKey{}, a))
+	in.Body, in.GetBody, in.ContentLength = &a.req, nil, int64(len(body))
+	p.rp.ServeHTTP(a, in)
+	return a.err
+}
+
+// attemptKey is the context key of a request's attempt, for
+// ModifyResponse, which sees only the engine's response.
+type attemptKey struct{}
+
+// attempt is one forward of a request to one engine: the ResponseWriter
+// ReverseProxy writes to (it passes the writes on to the client's) and the
+// engine's response body ReverseProxy reads.
+type attempt struct {
+	w         http.ResponseWriter // the client's
+	ctx       context.Context
+	req       requestBody
+	resp      io.ReadCloser // the engine's answer
+	sse       bool
+	rewritten bool   // ReverseProxy got as far as Rewrite
+	ended     bool   // the body reads EOF from now on
+	gone      bool   // writing to the client failed
+	pending   []byte // the error event still to read
+	err       error  // the first failure
+}
+
+// requestBody is the request's body, read again for each attempt.
+type requestBody struct{ bytes.Reader }
+
+func (*requestBody) Close() error { return nil }
+
+func (a *attempt) fail(err error) {
+	if a.err == nil {
+		a.err = err
 	}
-	for k, vs := range r.Header {
-		req.Header[k] = vs
+}
+
+// Header, WriteHeader and Write pass ReverseProxy's output to the client;
+// a failed write is recorded and ends the engine's body, never reported
+// to ReverseProxy.
+func (a *attempt) Header() http.Header { return a.w.Header() }
+
+func (a *attempt) WriteHeader(code int) { a.w.WriteHeader(code) }
+
+func (a *attempt) Write(p []byte) (int, error) {
+	if a.gone {
+		return len(p), nil
 	}
-	for _, h := range hopHeaders {
-		req.Header.Del(h)
+	if _, err := a.w.Write(p); err != nil {
+		a.fail(fmt.Errorf("%w: write: %v", errClient, err))
+		a.gone, a.ended, a.pending = true, true, nil
 	}
-	req.ContentLength = int64(len(body))
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errNotStarted, err)
+	return len(p), nil
+}
+
+// Unwrap lets http.ResponseController reach the client's writer (Flush).
+func (a *attempt) Unwrap() http.ResponseWriter { return a.w }
+
+// Read and Close are the engine's body as ReverseProxy sees it.
+func (a *attempt) Read(p []byte) (int, error) {
+	if len(a.pending) > 0 {
+		n := copy(p, a.pending)
+		a.pending = a.pending[n:]
+		return n, nil
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode >= 500 {
-		// An engine that is shutting down or broken: another may serve.
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("%w: status %d: %s", errNotStarted, resp.StatusCode, bytes.TrimSpace(data))
+	if a.ended {
+		return 0, io.EOF
 	}
-	h := w.Header()
-	for k, vs := range resp.Header {
-		h[k] = vs
+	n, err := a.resp.Read(p)
+	switch {
+	case err == nil:
+		return n, nil
+	case err == io.EOF:
+		a.ended = true
+		return n, io.EOF
 	}
-	for _, hh := range hopHeaders {
-		h.Del(hh)
+	// The replica failed mid-answer (or the client went away and took the
+	// request's context along).
+	a.ended = true
+	a.fail(fmt.Errorf("read from the replica: %w", err))
+	if a.sse && a.ctx.Err() == nil {
+		a.pending = midStreamError(err)
 	}
-	w.WriteHeader(resp.StatusCode)
-	rc := http.NewResponseController(w)
-	rc.Flush()
-	buf := make([]byte, 32<<10)
-	for {
-		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if _, err := w.Write(buf[:n]); err != nil {
-				return fmt.Errorf("%w: write: %v", errClient, err)
-			}
-			rc.Flush()
-		}
-		if rerr == io.EOF {
-			return nil
-		}
-		if rerr != nil {
-			if ctx.Err() == nil && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-				fmt.Fprintf(w, "data: {\"error\":{\"message\":%q,\"type\":\"server_error\",\"param\":null,\"code\":\"replica_failed\"}}\n\n", "the replica failed mid-stream: "+rerr.Error())
-				rc.Flush()
-			}
-			return fmt.Errorf("read from the replica: %w", rerr)
-		}
+	return n, nil
+}
+
+func (a *attempt) Close() error { return a.resp.Close() }
+
+// midStreamError is the SSE event that ends a stream whose replica failed.
+func midStreamError(err error) []byte {
+	e := &openai.Error{Status: http.StatusBadGateway, Type: openai.TypeServer, Code: "replica_failed",
+		Message: "the replica failed mid-stream: " + err.Error()}
+	data, _ := json.Marshal(e.Body())
+	return append(append([]byte("data: "), data...), "\n\n"...)
+}
+
+// rewrite points the outgoing request at the engine. The client's headers
+// go along (ReverseProxy drops the hop-by-hop ones and the client's
+// X-Forwarded-*); a protocol upgrade does not.
+func (p *engineProxy) rewrite(pr *httputil.ProxyRequest) {
+	if a, ok := pr.In.Context().Value(attemptKey{}).(*attempt); ok {
+		a.rewritten = true
+	}
+	pr.Out.URL.Scheme = "http"
+	pr.Out.URL.Host = p.host
+	pr.Out.Host = ""
+	if _, ok := pr.Out.Header["Upgrade"]; ok {
+		pr.Out.Header.Del("Upgrade")
+		pr.Out.Header.Del("Connection")
+	}
+}
+
+// modifyResponse turns an engine's 5xx (shutting down, broken: another may
+// serve) into an error before anything reaches the client, and wraps the
+// body of any other answer.
+func modifyResponse(res *http.Response) error {
+	a := res.Request.Context().Value(attemptKey{}).(*attempt)
+	if res.StatusCode >= 500 {
+		data, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
+		return fmt.Errorf("%w: status %d: %s", errNotStarted, res.StatusCode, bytes.TrimSpace(data))
+	}
+	a.sse = isEventStream(res.Header.Get("Content-Type"))
+	a.resp, res.Body = res.Body, a
+	return nil
+}
+
+// proxyError records why ReverseProxy could not forward: the engine could
+// not be reached or answered 5xx (retryable elsewhere), or the request
+// could not even be prepared (the client's doing, answered 400 here).
+// It writes nothing in the first case: the caller decides.
+func proxyError(w http.ResponseWriter, _ *http.Request, err error) {
+	a := w.(*attempt)
+	switch {
+	case errors.Is(err, errNotStarted):
+		a.fail(err)
+	case !a.rewritten:
+		a.fail(fmt.Errorf("%w: %v", errClient, err))
+		writeError(a.w, openai.InvalidRequest("", "the request cannot be proxied: %v", err), 0)
+	default:
+		a.fail(fmt.Errorf("%w: %v", errNotStarted, err))
+	}
+}
+
+// copyBufferSize is the size of ReverseProxy's copy buffers.
+const copyBufferSize = 32 << 10
+
+// bufferPool lends ReverseProxy its copy buffers instead of one new 32 KiB
+// buffer per request.
+type bufferPool struct{ p sync.Pool }
+
+var copyBuffers = &bufferPool{}
+
+func (b *bufferPool) Get() []byte {
+	if buf, ok := b.p.Get().(*[copyBufferSize]byte); ok {
+		return buf[:]
+	}
+	return make([]byte, copyBufferSize)
+}
+
+func (b *bufferPool) Put(buf []byte) {
+	if len(buf) == copyBufferSize {
+		b.p.Put((*[copyBufferSize]byte)(buf))
 	}
 }

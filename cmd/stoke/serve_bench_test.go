@@ -2,18 +2,28 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stokehq/stoke/activator"
+	"github.com/stokehq/stoke/api"
+	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/dtype"
 	"github.com/stokehq/stoke/weightstore/synth"
 )
@@ -173,3 +183,320 @@ func BenchmarkServeThreeModels(b *testing.B) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// The gateway's CPU per request.
+//
+// BenchmarkServeCPU runs the data path of stoke serve (the api handler and
+// the activator, over real TCP and a real unix socket) in this process and
+// everything else in others: the engine is a sim engine (`stoke engine
+// --sim`, 8B H100 profile) in a child process, and the clients are a load
+// generator in another child (this test binary, TestServeCPULoadgen). So
+// the getrusage of this process around a run is the gateway's CPU alone,
+// and `-cpuprofile` profiles the gateway alone. Each run sends b.N requests
+// open loop at $STOKE_BENCH_RATE requests/s (default 500, as the issue
+// measured); use -benchtime 2500x for 5 s runs. It reports cpu-us/req and
+// checks that every answer was whole and that stoke_tokens_total counted
+// exactly the completion tokens the clients were sent.
+func BenchmarkServeCPU(b *testing.B) {
+	rate := 500
+	if s := os.Getenv("STOKE_BENCH_RATE"); s != "" {
+		if _, err := fmt.Sscan(s, &rate); err != nil || rate <= 0 {
+			b.Fatalf("STOKE_BENCH_RATE=%q", s)
+		}
+	}
+	sock := startSimEngine(b)
+	reg := prometheus.NewRegistry()
+	act := activator.New(activator.Options{Resolver: benchResolver{}, Registerer: reg})
+	act.AddReplica("chat", "sim-0", "unix://"+sock, 256)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Registry: reg}), ReadHeaderTimeout: 10 * time.Second}
+	go hs.Serve(ln)
+	b.Cleanup(func() { hs.Close() })
+	lg := startLoadgen(b, "http://"+ln.Addr().String()+"/v1/completions")
+	// sent counts the completion tokens the clients were sent; a request's
+	// metrics are recorded just after its client has the whole answer, so
+	// settle waits until the counter caught up.
+	sent := 0
+	settle := func(b *testing.B) {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			got := counterSum(b, reg, "stoke_tokens_total", "completion")
+			if got == float64(sent) {
+				return
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("stoke_tokens_total{kind=completion} is %v, the answers' usage says %d", got, sent)
+			}
+		}
+	}
+
+	for _, tc := range []struct {
+		name, body string
+		stream     bool
+	}{
+		{"one-token", `{"model":"chat","prompt":"hello there","max_tokens":1}`, false},
+		{"stream-16", `{"model":"chat","prompt":"hello there","max_tokens":16,"stream":true,"stream_options":{"include_usage":true}}`, true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs() // this process's: the gateway's
+			// Warm the connections up.
+			sent += lg.run(b, loadCmd{N: 20, Rate: rate, Body: tc.body, Stream: tc.stream}).CompletionTokens
+			settle(b)
+			runtime.GC()
+			b.ResetTimer()
+			cpu0 := cpuTime(b)
+			res := lg.run(b, loadCmd{N: b.N, Rate: rate, Body: tc.body, Stream: tc.stream})
+			sent += res.CompletionTokens
+			if res.Errors > 0 {
+				b.Fatalf("%d of %d requests failed, the first: %s", res.Errors, b.N, res.FirstError)
+			}
+			settle(b)
+			cpu := cpuTime(b) - cpu0
+			b.StopTimer()
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/req")
+		})
+	}
+}
+
+// benchResolver knows one model, "chat", with room to buffer everything.
+type benchResolver struct{}
+
+func (benchResolver) Lookup(name string) (string, config.Spec, bool) {
+	spec := config.Default()
+	spec.Buffer.Capacity = 100000
+	return "sha256:bench", spec, name == "chat"
+}
+func (benchResolver) Poke(string) {}
+
+// cpuTime is the user and system CPU this process has used.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// counterSum adds the values of a counter's series that have a label
+// valued value.
+func counterSum(b *testing.B, reg *prometheus.Registry, name, value string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == value {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
+
+// startSimEngine starts `stoke engine --sim` on a unix socket in a child
+// process and returns the socket's path once it serves.
+func startSimEngine(b *testing.B) string {
+	dir, err := os.MkdirTemp("", "stoke-bench") // short: socket paths are limited
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "engine.sock")
+	cmd := exec.Command(os.Args[0], "engine", "--sim", "--sim-profile", "llama-3.1-8b-fp8-h100", "--served-model-name", "chat",
+		"--listen", "unix://"+sock)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	var log strings.Builder
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	b.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := client.Get("http://engine/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return sock
+			}
+		}
+		select {
+		case <-exited:
+			b.Fatalf("the sim engine exited:\n%s", log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("the sim engine did not serve in 30s:\n%s", log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// loadCmd asks the load generator for N requests at Rate a second.
+type loadCmd struct {
+	N, Rate int
+	Body    string
+	Stream  bool
+}
+
+// loadRun is what the load generator answers a loadCmd with.
+type loadRun struct {
+	Errors           int
+	FirstError       string
+	CompletionTokens int
+}
+
+// loadgen is a load generator in a child process (TestServeCPULoadgen),
+// driven by one JSON line per run on its stdin.
+type loadgen struct {
+	in  io.Writer
+	out *json.Decoder
+}
+
+const loadgenEnv = "STOKE_BENCH_LOADGEN_URL"
+
+func startLoadgen(b *testing.B, url string) *loadgen {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServeCPULoadgen$", "-test.count=1")
+	cmd.Env = append(os.Environ(), loadgenEnv+"="+url)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { in.Close(); cmd.Wait() })
+	return &loadgen{in: in, out: json.NewDecoder(out)}
+}
+
+func (l *loadgen) run(b *testing.B, c loadCmd) loadRun {
+	if err := json.NewEncoder(l.in).Encode(c); err != nil {
+		b.Fatal(err)
+	}
+	var r loadRun
+	if err := l.out.Decode(&r); err != nil {
+		b.Fatalf("load generator: %v", err)
+	}
+	return r
+}
+
+// TestServeCPULoadgen is BenchmarkServeCPU's load generator, not a test:
+// it runs only in the child process the benchmark starts, sending each
+// loadCmd read from stdin open loop and answering with a loadRun.
+func TestServeCPULoadgen(t *testing.T) {
+	url := os.Getenv(loadgenEnv)
+	if url == "" {
+		t.Skip("BenchmarkServeCPU's load generator; runs only in its child process")
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, DisableCompression: true}}
+	in := json.NewDecoder(os.Stdin)
+	out := json.NewEncoder(os.Stdout)
+	for {
+		var c loadCmd
+		if err := in.Decode(&c); err != nil {
+			return // the benchmark closed stdin
+		}
+		var mu sync.Mutex
+		var res loadRun
+		fail := func(err error) {
+			mu.Lock()
+			if res.Errors == 0 {
+				res.FirstError = err.Error()
+			}
+			res.Errors++
+			mu.Unlock()
+		}
+		var wg sync.WaitGroup
+		interval := time.Second / time.Duration(c.Rate)
+		start := time.Now()
+		for i := range c.N {
+			if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+				time.Sleep(wait)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := client.Post(url, "application/json", strings.NewReader(c.Body))
+				if err != nil {
+					fail(err)
+					return
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil {
+					fail(err)
+					return
+				}
+				if resp.StatusCode != http.StatusOK {
+					fail(fmt.Errorf("status %d: %s", resp.StatusCode, body))
+					return
+				}
+				n, err := completionTokens(body, c.Stream)
+				if err != nil {
+					fail(err)
+					return
+				}
+				mu.Lock()
+				res.CompletionTokens += n
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		if err := out.Encode(res); err != nil {
+			return
+		}
+	}
+}
+
+// completionTokens reads the usage of a whole answer: the body of a plain
+// one, the usage event of a stream (which must end with [DONE]).
+func completionTokens(body []byte, stream bool) (int, error) {
+	var v struct {
+		Usage *struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if !stream {
+		if err := json.Unmarshal(body, &v); err != nil || v.Usage == nil {
+			return 0, fmt.Errorf("answer without usage: %.200s", body)
+		}
+		return v.Usage.CompletionTokens, nil
+	}
+	events := strings.Split(strings.TrimSuffix(string(body), "\n\n"), "\n\n")
+	if events[len(events)-1] != "data: [DONE]" {
+		return 0, fmt.Errorf("stream does not end with [DONE]: %.200s", body[max(0, len(body)-200):])
+	}
+	for _, e := range events {
+		if json.Unmarshal([]byte(strings.TrimPrefix(e, "data: ")), &v) == nil && v.Usage != nil {
+			return v.Usage.CompletionTokens, nil
+		}
+	}
+	return 0, fmt.Errorf("stream without a usage event: %.200s", body)
+}
