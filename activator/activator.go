@@ -258,7 +258,7 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 	}
 	ctx := req.Context()
 	deadline := time.Now().Add(time.Duration(spec.Buffer.Timeout))
-	tried := 0
+	var failed []string // replicas that failed this request before its first byte
 	for {
 		var id string
 		var release ReleaseFunc
@@ -266,7 +266,7 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 		asked := time.Now()
 		ticket, err := r.buffer.Acquire(ctx, ir.Priority, deadline, func() bool {
 			var ok bool
-			id, release, ok = r.pool.Pick(key)
+			id, release, ok = r.pool.Pick(key, failed...)
 			return ok
 		})
 		r.waiting.Add(-1)
@@ -306,9 +306,9 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 			}
 			return ir.Model, r
 		}
-		tried++
+		failed = append(failed, id)
 		a.log.Warn("replica failed before the first byte; retrying elsewhere", "model", ir.Model, "replica", id, "err", err)
-		if tried > a.opts.Retries {
+		if len(failed) > a.opts.Retries {
 			writeError(w, openai.Unavailable("every replica tried for %s failed: %v", ir.Model, err), 1)
 			return ir.Model, r
 		}

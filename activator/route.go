@@ -277,15 +277,19 @@ func (p *Pool) SetCapacity(id string, capacity int) error {
 // none) is given, counts the request on it, and returns its id and the
 // ReleaseFunc that ends the request. ok is false, with a no-op release,
 // when no replica has room right now; the caller then waits in the
-// deployment's Buffer.
-func (p *Pool) Pick(prompt []byte) (replicaID string, release ReleaseFunc, ok bool) {
+// deployment's Buffer. A retry names the replicas that already failed the
+// request in avoid: they are picked only when no other has room.
+func (p *Pool) Pick(prompt []byte, avoid ...string) (replicaID string, release ReleaseFunc, ok bool) {
 	var stack [64]uint64
 	var chain []uint64
 	if p.index != nil {
 		chain = prefixChain(p.seed, prompt, p.prefix.BlockSize, p.prefix.MaxPromptBlocks, stack[:0])
 	}
 	p.mu.Lock()
-	r, done := p.pickLocked(chain)
+	r, done := p.pickLocked(chain, avoid)
+	if r == nil && len(avoid) > 0 {
+		r, done = p.pickLocked(chain, nil)
+	}
 	p.mu.Unlock()
 	if r == nil {
 		return "", releaseNothing, false
@@ -313,7 +317,7 @@ func (p *Pool) Pick(prompt []byte) (replicaID string, release ReleaseFunc, ok bo
 
 // pickLocked runs the policy over the candidates and takes a slot on the
 // chosen replica. It returns nil when none can take the request.
-func (p *Pool) pickLocked(chain []uint64) (*poolReplica, func(error)) {
+func (p *Pool) pickLocked(chain []uint64, avoid []string) (*poolReplica, func(error)) {
 	var now int64
 	if !p.breaker.Disabled {
 		now = time.Now().UnixNano()
@@ -326,6 +330,9 @@ func (p *Pool) pickLocked(chain []uint64) (*poolReplica, func(error)) {
 			continue
 		}
 		if r.breaker != nil && !r.breaker.admits(now) {
+			continue
+		}
+		if slices.Contains(avoid, r.id) {
 			continue
 		}
 		if p.index != nil {
