@@ -7,13 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httputil"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/openai"
 )
 
@@ -48,14 +47,8 @@ func (t *Transports) proxy(addr string) *engineProxy {
 	if t.m == nil {
 		t.m = map[string]*engineProxy{}
 	}
-	p := &engineProxy{host: addr}
-	p.tr = &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, DisableCompression: true, ForceAttemptHTTP2: false}
-	if path, unix := strings.CutPrefix(addr, "unix://"); unix {
-		p.host = "engine"
-		p.tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", path)
-		}
-	}
+	p := &engineProxy{tr: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, DisableCompression: true, ForceAttemptHTTP2: false}}
+	p.host = engineapi.Dial(p.tr, addr)
 	p.rp = httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
 		Transport:      p.tr,

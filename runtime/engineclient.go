@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/stokehq/stoke/engine/engineapi"
@@ -16,23 +14,15 @@ import (
 
 // EngineClient speaks an engine runtime's admin API over its socket.
 type EngineClient struct {
-	addr string // unix socket path, or host:port
+	addr string // the host requests name (engineapi.Dial)
 	http *http.Client
 }
 
 // NewEngineClient returns a client for the engine listening at addr:
 // "unix:///path.sock" or "host:port".
 func NewEngineClient(addr string) *EngineClient {
-	c := &EngineClient{addr: addr}
 	tr := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
-	if path, ok := strings.CutPrefix(addr, "unix://"); ok {
-		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", path)
-		}
-		c.addr = "engine"
-	}
-	c.http = &http.Client{Transport: tr}
-	return c
+	return &EngineClient{addr: engineapi.Dial(tr, addr), http: &http.Client{Transport: tr}}
 }
 
 // State returns GET /admin/state.
