@@ -127,7 +127,7 @@ func (j *jsonUsage) write(p []byte) {
 				j.state = jScalar
 			}
 			j.keepByte(c)
-		case jString:
+		case jString, jNestedStr: // a top-level string value, or one inside a nested value
 			k := i
 			if !j.esc {
 				for k < len(p) && !stringStop[p[k]] {
@@ -146,8 +146,10 @@ func (j *jsonUsage) write(p []byte) {
 				j.esc = false
 			case p[k] == '\\':
 				j.esc = true
-			default:
+			case j.state == jString:
 				j.endValue()
+			default:
+				j.state = jNested
 			}
 		case jNested:
 			// The bulk of an answer (choices, text) is here: skip quickly
@@ -172,28 +174,6 @@ func (j *jsonUsage) write(p []byte) {
 				if j.depth--; j.depth == 0 {
 					j.endValue()
 				}
-			}
-		case jNestedStr:
-			k := i
-			if !j.esc {
-				for k < len(p) && !stringStop[p[k]] {
-					k++
-				}
-			}
-			if j.keep {
-				j.keepBytes(p[i:min(k+1, len(p))])
-			}
-			if k == len(p) {
-				return
-			}
-			i = k
-			switch {
-			case j.esc:
-				j.esc = false
-			case p[k] == '\\':
-				j.esc = true
-			default:
-				j.state = jNested
 			}
 		case jScalar:
 			if isSpace(c) || c == ',' || c == '}' {

@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"context"
-	"errors"
 
 	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/runtime"
@@ -37,7 +36,8 @@ func (c *Controller) adoptReplicas(ctx context.Context) {
 	}
 	c.mu.Unlock()
 	for _, r := range current {
-		c.adoptOne(ctx, r.model, r.revision)
+		c.wg.Add(1)
+		c.acquire(ctx, r.model, r.revision) // t0: the re-adopted replica
 	}
 	for _, r := range stale {
 		rep, err := c.opts.Runtimes.Acquire(ctx, r.model, r.revision)
@@ -52,32 +52,5 @@ func (c *Controller) adoptReplicas(ctx context.Context) {
 			continue
 		}
 		c.log.Info("re-adopted replica of no current revision put away", "model", r.model, "revision", r.revision, "runtime", rep.ID)
-	}
-}
-
-// adoptOne acquires a re-adopted ready replica of deployment name (whose
-// pending count holds it) and publishes it, as acquire does a new one; a
-// t0 is no cold start, so neither the autoscaler's cold-start time nor the
-// cold-start series hear of it.
-func (c *Controller) adoptOne(ctx context.Context, name, revision string) {
-	rep, err := c.opts.Runtimes.Acquire(ctx, name, revision)
-	c.mu.Lock()
-	d := c.deps[name]
-	d.pending--
-	if err == nil {
-		d.replicas[rep.ID] = rep
-		d.lastAcq = rep
-	}
-	c.mu.Unlock()
-	if err != nil {
-		if !errors.Is(err, context.Canceled) {
-			c.log.Warn("take a re-adopted replica", "deployment", name, "err", err)
-		}
-		return
-	}
-	c.log.Info("replica ready", "deployment", name, "runtime", rep.ID, "tier", rep.Tier, "re-adopted", rep.Tier == tier.Hot)
-	c.opts.Router.AddReplica(name, rep.ID, "unix://"+rep.Socket, c.opts.ReplicaCapacity)
-	if c.opts.OnAcquired != nil {
-		c.opts.OnAcquired(name, rep)
 	}
 }

@@ -435,9 +435,14 @@ func (c *Controller) acquire(ctx context.Context, name, revision string) {
 	c.mu.Lock()
 	d := c.deps[name]
 	d.pending--
+	// A re-adopted ready replica (t0) is no cold start: neither the
+	// autoscaler's cold-start time nor the cold-start series hear of it.
+	cold := err == nil && rep.Tier != tier.Hot
 	if err == nil {
 		d.replicas[rep.ID] = rep
 		d.lastAcq = rep
+	}
+	if cold {
 		d.decider.SetColdStart(rep.Breakdown.Total)
 	}
 	restore := err == nil && c.restoreWarm
@@ -452,8 +457,10 @@ func (c *Controller) acquire(ctx context.Context, name, revision string) {
 		}
 		return
 	}
-	c.coldStarts.WithLabelValues(name, string(rep.Tier)).Inc()
-	c.coldStartSeconds.WithLabelValues(string(rep.Tier)).Observe(rep.Breakdown.Total.Seconds())
+	if cold {
+		c.coldStarts.WithLabelValues(name, string(rep.Tier)).Inc()
+		c.coldStartSeconds.WithLabelValues(string(rep.Tier)).Observe(rep.Breakdown.Total.Seconds())
+	}
 	c.log.Info("replica ready", "deployment", name, "runtime", rep.ID, "tier", rep.Tier, "seconds", rep.Breakdown.Total.Seconds())
 	c.opts.Router.AddReplica(name, rep.ID, "unix://"+rep.Socket, c.opts.ReplicaCapacity)
 	if c.opts.OnAcquired != nil {
