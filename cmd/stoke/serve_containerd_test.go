@@ -94,6 +94,10 @@ func TestServeContainerd(t *testing.T) {
 		t.Fatalf("container %s: %+v %v, want running", replica, st, err)
 	}
 
+	if fi, err := os.Stat(filepath.Join(data, "rt", replica+".log")); err != nil || fi.Size() == 0 {
+		t.Errorf("the container's engine log under DATA/rt: %v", err)
+	}
+
 	syscall.Kill(first.cmd.Process.Pid, syscall.SIGKILL) // serve alone: its containers run on
 	<-first.done
 

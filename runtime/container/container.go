@@ -181,7 +181,10 @@ func (b *Backend) Start(ctx context.Context, spec runtime.Spec) (runtime.Process
 		return nil, fmt.Errorf("start runtime %s: image %s: %w", spec.ID, b.opts.Image, err)
 	}
 	os.Remove(spec.Socket)
-	args := append([]string{binaryPath, "engine", "--blank", "--listen", "unix://" + filepath.Join(socketDir, filepath.Base(spec.Socket))}, spec.EngineArgs...)
+	// The engine writes (and rotates) its log in the runtimes' directory,
+	// the same file containerd copies its standard output and error to.
+	args := append([]string{binaryPath, "engine", "--blank", "--listen", "unix://" + filepath.Join(socketDir, filepath.Base(spec.Socket)),
+		"--log-file", filepath.Join(socketDir, spec.ID+".log")}, spec.EngineArgs...)
 	mounts := []specs.Mount{{Type: "bind", Source: b.opts.Dir, Destination: socketDir, Options: []string{"rbind", "rw"}}}
 	if b.opts.Views != "" {
 		mounts = append(mounts, specs.Mount{Type: "bind", Source: b.opts.Views, Destination: b.opts.Views, Options: []string{"rbind", "rslave"}})
