@@ -103,7 +103,11 @@ func (s *Server) completions(c *gin.Context) {
 			writeError(c, openai.InvalidRequest("prompt", "prompt is text but model %s has no tokenizer: send token ids", l.Name))
 			return
 		}
-		prompt = l.Tokenizer.Encode(req.Prompt.Texts[0], true)
+		var e *openai.Error
+		if prompt, e = encodeText(l, req.Prompt.Texts[0], true, "prompt"); e != nil {
+			writeError(c, e)
+			return
+		}
 	} else {
 		prompt = req.Prompt.Tokens[0]
 	}
@@ -170,9 +174,28 @@ func chatPrompt(l *Loaded, msgs []openai.ChatMessage, addGenerationPrompt, addSp
 		if errors.Is(err, tokenizer.ErrTemplateException) {
 			return nil, openai.InvalidRequest("messages", "messages rejected by the chat template: %v", err)
 		}
+		if errors.Is(err, tokenizer.ErrChatTemplateLimit) {
+			// The template is the model's, but these messages made it run
+			// past its bounds: fail the request, the engine is unaffected.
+			return nil, openai.InvalidRequest("messages", "cannot apply the chat template of model %s: %v", l.Name, err)
+		}
 		return nil, openai.ServerError("apply chat template: %v", err)
 	}
-	return l.Tokenizer.Encode(text, addSpecial), nil
+	return encodeText(l, text, addSpecial, "messages")
+}
+
+// encodeText encodes text with l's tokenizer; a regex of the tokenizer that
+// runs past its match timeout on this input fails the request as invalid
+// (naming param), not the server.
+func encodeText(l *Loaded, text string, addSpecial bool, param string) ([]int32, *openai.Error) {
+	ids, err := l.Tokenizer.EncodeChecked(text, addSpecial)
+	if err != nil {
+		if errors.Is(err, tokenizer.ErrRegexLimit) {
+			return nil, openai.InvalidRequest(param, "cannot tokenize %s for model %s: %v", param, l.Name, err)
+		}
+		return nil, openai.ServerError("tokenize %s: %v", param, err)
+	}
+	return ids, nil
 }
 
 // generate submits a job and answers with a stream or a whole response.
@@ -448,7 +471,11 @@ func (s *Server) tokenize(c *gin.Context) {
 		writeError(c, openai.InvalidRequest("messages", "give either prompt or messages, not both"))
 		return
 	case req.Prompt != nil:
-		ids = l.Tokenizer.Encode(*req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+		var e *openai.Error
+		if ids, e = encodeText(l, *req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens, "prompt"); e != nil {
+			writeError(c, e)
+			return
+		}
 	case req.Messages != nil:
 		if e := openai.CheckMessages(req.Messages); e != nil {
 			writeError(c, e)

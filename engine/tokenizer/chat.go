@@ -23,33 +23,47 @@ type Message struct {
 const chatTemplateName = "/chat_template.jinja"
 
 // parseChatTemplate parses a Jinja chat template the way transformers sets
-// up Jinja (trim_blocks, lstrip_blocks). It returns nil when the template
-// does not parse, so callers fall back to the plain format.
-func parseChatTemplate(src string) (ct *chatTemplate) {
+// up Jinja (trim_blocks, lstrip_blocks), in the bounded environment of
+// limits.go (range capped, loops and macros charged to a budget, no
+// include/import/extends). An error means the template does not compile.
+func parseChatTemplate(src string) (ct *chatTemplate, err error) {
 	defer func() {
-		if recover() != nil {
-			ct = nil
+		if r := recover(); r != nil {
+			ct, err = nil, fmt.Errorf("template parser failed: %v", r)
 		}
 	}()
 	cfg := config.New()
 	cfg.TrimBlocks = true
 	cfg.LeftStripBlocks = true
+	globals := exec.EmptyContext().Update(builtins.GlobalFunctions).Update(builtins.GlobalVariables)
+	globals.Set("range", boundedRange)
 	env := &exec.Environment{
-		Context:           exec.EmptyContext().Update(builtins.GlobalFunctions).Update(builtins.GlobalVariables),
+		Context:           globals,
 		Filters:           builtins.Filters,
 		Tests:             builtins.Tests,
-		ControlStructures: builtins.ControlStructures,
+		ControlStructures: chatControlStructures,
 		Methods:           builtins.Methods,
 	}
 	loader, err := loaders.NewMemoryLoader(map[string]string{chatTemplateName: src})
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	tmpl, err := exec.NewTemplate(chatTemplateName, cfg, loader, env)
 	if err != nil {
-		return nil
+		return nil, err
 	}
-	return &chatTemplate{source: src, tmpl: tmpl}
+	return &chatTemplate{source: src, tmpl: tmpl}, nil
+}
+
+// ValidateChatTemplate reports whether src compiles as a chat template
+// (in the environment ApplyChatTemplate renders it in). Loading a
+// tokenizer whose tokenizer_config.json or chat_template.jinja holds a
+// template that does not compile fails with this error; a watcher can call
+// it to reject such a checkpoint before loading it. It does not run the
+// template: limits on running it are enforced per request.
+func ValidateChatTemplate(src string) error {
+	_, err := parseChatTemplate(src)
+	return err
 }
 
 // HasChatTemplate reports whether tokenizer_config.json holds a chat
@@ -101,6 +115,11 @@ func (t *Tokenizer) ApplyChatTemplate(msgs []Message, addGenerationPrompt bool) 
 		"strftime_now":          strftimeNow,
 	})
 	out, err := t.chat.render(data)
+	if errors.Is(err, ErrChatTemplateLimit) {
+		// Checked first: after a timeout the render goroutine may still be
+		// running, so raised/hasRaised must not be read.
+		return "", err
+	}
 	if hasRaised {
 		return "", fmt.Errorf("render chat_template: %w: %s", ErrTemplateException, raised)
 	}
@@ -110,13 +129,44 @@ func (t *Tokenizer) ApplyChatTemplate(msgs []Message, addGenerationPrompt bool) 
 	return out, nil
 }
 
-func (c *chatTemplate) render(data *exec.Context) (out string, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("template engine failed: %v", r)
-		}
+// render runs the template on data within the limits of limits.go.
+//
+// It renders in its own goroutine and waits at most ChatTemplateTimeout
+// (plus a grace period). The goroutine cannot be killed, so what bounds it
+// after the caller gave up is the template's own instrumentation: every
+// loop iteration, macro call, range() and output write checks the deadline
+// and the iteration budget, range() allocates at most ChatTemplateMaxRange
+// items, output is capped at ChatTemplateMaxOutput and stack depth at
+// chatTemplateMaxFrames. Only a single builtin operation that does not
+// loop through the template (a filter on a huge value) can outlive the
+// deadline, and its inputs are bounded by those same limits.
+func (c *chatTemplate) render(data *exec.Context) (string, error) {
+	b := newRenderBudget()
+	data.Set(budgetKey, b)
+	w := &limitWriter{b: b}
+	done := make(chan error, 1)
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				done <- fmt.Errorf("template engine failed: %v", r)
+			}
+		}()
+		done <- c.tmpl.Execute(w, data)
 	}()
-	return c.tmpl.ExecuteToString(data)
+	timer := time.NewTimer(ChatTemplateTimeout + chatTemplateGrace)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		if b.err != nil {
+			return "", b.err
+		}
+		if err != nil {
+			return "", err
+		}
+		return w.buf.String(), nil
+	case <-timer.C:
+		return "", fmt.Errorf("%w: rendering took longer than %v", ErrChatTemplateLimit, ChatTemplateTimeout)
+	}
 }
 
 // strftimeNow is transformers' strftime_now(format): the current local time

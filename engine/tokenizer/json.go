@@ -245,12 +245,16 @@ func parseComponent(raw json.RawMessage, field string) (*jsonComponent, error) {
 	return &c, nil
 }
 
-// compileRegex compiles a tokenizers (Oniguruma-flavoured) pattern.
+// compileRegex compiles a tokenizers (Oniguruma-flavoured) pattern, with
+// RegexMatchTimeout set. All regexp2 patterns of the package go through it.
 func compileRegex(pat, field string) (*regexp2.Regexp, error) {
 	re, err := regexp2.Compile(pat, regexp2.OptionMaxBacktrackingStackSize(-1))
 	if err != nil {
 		return nil, fieldErr(field, "compile regex %q: %v", pat, err)
 	}
+	// Every pattern comes from a pushed tokenizer.json: bound each match so
+	// a catastrophically backtracking one fails the request, not the engine.
+	re.MatchTimeout = RegexMatchTimeout
 	return re, nil
 }
 
@@ -938,7 +942,9 @@ func (t *Tokenizer) applyConfig(cfg *jsonConfig, extraTemplate string) error {
 		src = extraTemplate
 	}
 	if src != "" {
-		t.chat = parseChatTemplate(src)
+		if t.chat, err = parseChatTemplate(src); err != nil {
+			return fmt.Errorf("%s chat_template does not compile: %w", ConfigFile, err)
+		}
 	}
 
 	seen := map[int32]bool{}

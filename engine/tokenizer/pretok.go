@@ -10,27 +10,32 @@ import (
 )
 
 // normalizer rewrites the text between added tokens before pre-tokenisation.
+// A non-nil error (a regex that ran past RegexMatchTimeout) fails the
+// encode.
 type normalizer interface {
-	normalize(s string) string
+	normalize(s string) (string, error)
 }
 
 type normSequence []normalizer
 
-func (n normSequence) normalize(s string) string {
+func (n normSequence) normalize(s string) (string, error) {
 	for _, x := range n {
-		s = x.normalize(s)
+		var err error
+		if s, err = x.normalize(s); err != nil {
+			return s, err
+		}
 	}
-	return s
+	return s, nil
 }
 
 // normPrepend adds a prefix to non-empty text (SentencePiece's "▁").
 type normPrepend struct{ prefix string }
 
-func (n normPrepend) normalize(s string) string {
+func (n normPrepend) normalize(s string) (string, error) {
 	if s == "" {
-		return s
+		return s, nil
 	}
-	return n.prefix + s
+	return n.prefix + s, nil
 }
 
 // normReplace replaces a literal string or regex match with content.
@@ -40,35 +45,35 @@ type normReplace struct {
 	content string
 }
 
-func (n normReplace) normalize(s string) string {
+func (n normReplace) normalize(s string) (string, error) {
 	if n.re == nil {
-		return strings.ReplaceAll(s, n.literal, n.content)
+		return strings.ReplaceAll(s, n.literal, n.content), nil
 	}
 	out, err := n.re.ReplaceFunc(s, func(regexp2.Match) string { return n.content }, -1, -1)
 	if err != nil {
-		return s
+		return s, regexError(err)
 	}
-	return out
+	return out, nil
 }
 
 type normLowercase struct{}
 
-func (normLowercase) normalize(s string) string { return strings.ToLower(s) }
+func (normLowercase) normalize(s string) (string, error) { return strings.ToLower(s), nil }
 
 type normUnicode struct{ form norm.Form }
 
-func (n normUnicode) normalize(s string) string { return n.form.String(s) }
+func (n normUnicode) normalize(s string) (string, error) { return n.form.String(s), nil }
 
 type normStrip struct{ left, right bool }
 
-func (n normStrip) normalize(s string) string {
+func (n normStrip) normalize(s string) (string, error) {
 	if n.left {
 		s = strings.TrimLeftFunc(s, unicode.IsSpace)
 	}
 	if n.right {
 		s = strings.TrimRightFunc(s, unicode.IsSpace)
 	}
-	return s
+	return s, nil
 }
 
 // piece is a pre-token in the making; atStart marks text that begins at the
@@ -76,6 +81,10 @@ func (n normStrip) normalize(s string) string {
 type piece struct {
 	s       string
 	atStart bool
+	// err, shared by all the pieces of one encode, receives the first
+	// regex engine error (a match that ran past RegexMatchTimeout); nil
+	// when the caller does not collect errors.
+	err *error
 }
 
 // preTokenizer splits one piece into pieces, handing each to emit in order.
@@ -149,7 +158,7 @@ type cutter struct {
 
 func (c *cutter) out(start, end int) {
 	if end > start {
-		c.emit(piece{c.p.s[start:end], c.p.atStart && start == 0})
+		c.emit(piece{c.p.s[start:end], c.p.atStart && start == 0, c.p.err})
 	}
 }
 
@@ -256,9 +265,10 @@ func (q *preSplit) split(p piece, emit func(piece)) {
 			}
 			return bpos
 		}
-		// On an engine error (backtracking limit) the rest stays one region:
-		// better a coarse split than lost text.
-		_ = q.re.FindRunesMatches(runes, 0, func(v regexp2.MatchView) bool {
+		// On an engine error (a match past RegexMatchTimeout) the rest stays
+		// one region — better a coarse split than lost text — and the error
+		// goes to p.err, failing EncodeChecked.
+		err := q.re.FindRunesMatches(runes, 0, func(v regexp2.MatchView) bool {
 			idx, n, ok := v.GroupRange(0)
 			if ok && n > 0 {
 				start := advance(idx)
@@ -266,6 +276,9 @@ func (q *preSplit) split(p piece, emit func(piece)) {
 			}
 			return true
 		})
+		if err != nil && p.err != nil && *p.err == nil {
+			*p.err = regexError(err)
+		}
 	case q.literal != "":
 		for off := 0; ; {
 			i := strings.Index(p.s[off:], q.literal)

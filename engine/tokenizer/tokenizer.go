@@ -104,8 +104,28 @@ func New(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 // Encode turns text into token ids. With addSpecial the tokens the
 // post-processor or tokenizer_config.json asks for (typically BOS) are
 // added around the text. Added tokens such as "<|eot_id|>" written in the
-// text are recognised as such.
+// text are recognised as such. A regex that runs past RegexMatchTimeout
+// leaves the rest of its segment unsplit (a coarse but lossless encoding);
+// use EncodeChecked to fail instead.
 func (t *Tokenizer) Encode(text string, addSpecial bool) []int32 {
+	return t.encode(text, addSpecial, nil)
+}
+
+// EncodeChecked is Encode that fails, with an error wrapping
+// ErrRegexLimit, when a normalizer or pre-tokenizer regex runs past
+// RegexMatchTimeout on text (a pathological pattern such as `(a+)+$`): the
+// input is at fault for this model, so servers answer it with a 400.
+func (t *Tokenizer) EncodeChecked(text string, addSpecial bool) ([]int32, error) {
+	var err error
+	ids := t.encode(text, addSpecial, &err)
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// encode is Encode; errp, when not nil, receives the first regex error.
+func (t *Tokenizer) encode(text string, addSpecial bool, errp *error) []int32 {
 	ids := make([]int32, 0, len(text)/3+len(t.prefix)+len(t.suffix)+1)
 	if addSpecial {
 		ids = append(ids, t.prefix...)
@@ -115,10 +135,13 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) []int32 {
 	for {
 		start, end, id := t.added.find(text, pos)
 		if id < 0 {
-			t.encodeSegment(text[pos:], pos == 0, &ids, emit)
+			t.encodeSegment(text[pos:], pos == 0, &ids, emit, errp)
 			break
 		}
-		t.encodeSegment(text[pos:start], pos == 0, &ids, emit)
+		t.encodeSegment(text[pos:start], pos == 0, &ids, emit, errp)
+		if errp != nil && *errp != nil {
+			return ids
+		}
 		ids = append(ids, id)
 		pos = end
 	}
@@ -129,13 +152,21 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) []int32 {
 }
 
 // encodeSegment encodes text that holds no added token, appending to *ids
-// (through emit when a pre-tokenizer splits it).
-func (t *Tokenizer) encodeSegment(seg string, atStart bool, ids *[]int32, emit func(piece)) {
+// (through emit when a pre-tokenizer splits it). Regex errors go to errp
+// when it is not nil (and stop the segment), else they are ignored.
+func (t *Tokenizer) encodeSegment(seg string, atStart bool, ids *[]int32, emit func(piece), errp *error) {
 	if seg == "" {
 		return
 	}
 	if t.normalizer != nil {
-		seg = t.normalizer.normalize(seg)
+		var err error
+		seg, err = t.normalizer.normalize(seg)
+		if err != nil && errp != nil {
+			if *errp == nil {
+				*errp = err
+			}
+			return
+		}
 		if seg == "" {
 			return
 		}
@@ -144,7 +175,7 @@ func (t *Tokenizer) encodeSegment(seg string, atStart bool, ids *[]int32, emit f
 		*ids = t.model.encodeWord(seg, *ids)
 		return
 	}
-	t.pre.split(piece{seg, atStart}, emit)
+	t.pre.split(piece{seg, atStart, errp}, emit)
 }
 
 // VocabSize is the number of token ids: one more than the largest id of the
