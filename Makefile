@@ -52,8 +52,13 @@ lint:
 
 # A minute of coverage-guided fuzzing of the safetensors header parser
 # (its seed corpus already runs in `make test`).
+# Each fuzz target runs for FUZZTIME (go test -fuzz takes one target at a
+# time); their seeds also run in plain `go test`.
+FUZZTIME ?= 30s
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParseHeader -fuzztime 60s ./weightstore/safetensors/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseHeader$$' -fuzztime $(FUZZTIME) ./weightstore/safetensors/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME) ./internal/openai/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/config/
 
 clean:
 	rm -rf bin

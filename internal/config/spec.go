@@ -5,27 +5,57 @@ package config
 import (
 	"encoding/json"
 	"fmt"
+	"math"
+	"reflect"
+	"slices"
+	"strings"
 	"time"
+
+	"gopkg.in/yaml.v3"
 )
 
 // Spec is a deployment's serving configuration. Durations are Go duration
-// strings in JSON ("60s").
+// strings in JSON ("60s"). Every field has bounds, checked by Validate: a
+// spec is operator input (a pushed stoke.yaml, a PUT on the admin API) and
+// the scaler and the activator size loops, queues and timers by it, so a
+// value past the bounds is refused rather than served. Bounds that depend on
+// the node (its slots) are checked by CheckNode.
 type Spec struct {
 	Replicas Replicas `json:"replicas"`
 	// TargetConcurrency is the in-flight requests one replica should
 	// carry; the scaler sizes the deployment by it.
+	//
+	// Bounds: [MinTargetConcurrency, MaxTargetConcurrency] = [0.01,
+	// 100000]. The scaler wants ceil(load/target) replicas: below 0.01 one
+	// request in flight would ask for a hundred replicas (1e-300 asks for
+	// an infinity), and no engine carries more than 100000 sequences at
+	// once (vLLM's max_num_seqs is in the hundreds), so a larger target
+	// would never scale out.
 	TargetConcurrency float64 `json:"target_concurrency"`
 	// TTFTSLO is the time to first token the scaler defends: when the p90
 	// of requests' waits for a replica (in the activator's buffer, over
 	// the window) exceeds it, the deployment gets one more replica. Compute
 	// time is left out: more replicas on the same node cannot shorten it.
+	//
+	// Bounds: [10ms, 1h]. Below 10ms the wait for a replica is within the
+	// noise of scheduling a request (1ns would add a replica on every
+	// request that waits at all); above an hour it defends nothing (the
+	// buffer times requests out at most after an hour).
 	TTFTSLO Duration `json:"ttft_slo"`
 	// Window is the scaler's stable window: concurrency is averaged over
 	// it (the panic window is a tenth of it), as Knative's
 	// autoscaling.knative.dev/window.
+	//
+	// Bounds: [1s, 1h]. A shorter window leaves the panic window under a
+	// tenth of a second, fewer samples than it needs; Knative caps its
+	// window at an hour too, past which the average no longer follows
+	// load.
 	Window Duration `json:"window"`
 	// IdleDelay is how long load must stay lower before replicas are
 	// released (to sleep or to the warm pool).
+	//
+	// Bounds: [0, 24h]. Zero releases as soon as load drops; keeping
+	// replicas idle longer than a day is what replicas.min is for.
 	IdleDelay Duration `json:"idle_delay"`
 	// Buffer bounds the requests waiting for a replica.
 	Buffer Buffer `json:"buffer"`
@@ -33,21 +63,59 @@ type Spec struct {
 
 // Replicas bounds a deployment's replica count.
 type Replicas struct {
+	// Min is the replicas kept however low the load.
+	//
+	// Bounds: [0, Max], and at most the node's slots (CheckNode): a
+	// minimum the node cannot hold would be retried forever.
 	Min int `json:"min"`
+	// Max is the most replicas the scaler runs.
+	//
+	// Bounds: [1, MaxReplicas] = [1, 1024], at least Min, and at most the
+	// node's slots (CheckNode). 1024 is far above the slots of any node
+	// (one replica holds at least one GPU or a share of one) while keeping
+	// the scaler's per-replica work bounded; 1000000 drove a million
+	// acquire attempts.
 	Max int `json:"max"`
 	// Sleeping is the most released replicas kept asleep (weights in
 	// host memory, woken in tier T1) within the node's sleep budget; the
 	// rest go back to the warm pool. It defaults to Max.
+	//
+	// Bounds: [0, Max]: no more replicas can be asleep than can run.
 	Sleeping int `json:"sleeping"`
 }
 
 // Buffer is the activator's queue for a deployment without room.
 type Buffer struct {
 	// Capacity is the most requests waiting at once; more get 429.
+	//
+	// Bounds: [0, MaxBufferCapacity] = [0, 1000000]. Zero turns buffering
+	// off. Each waiting request holds a goroutine, a connection and its
+	// body in memory: a million is already gigabytes, and no replica set
+	// drains more within a timeout.
 	Capacity int `json:"capacity"`
 	// Timeout is how long a request may wait; past it, 503.
+	//
+	// Bounds: [10ms, 1h]. A cold start (loading weights) takes minutes,
+	// so an hour covers the slowest; clients and proxies give up long
+	// before, and a longer wait only holds buffer slots (87600h would
+	// hold them for ten years).
 	Timeout Duration `json:"timeout"`
 }
+
+// Bounds of the spec's fields; see the fields' doc comments for why.
+const (
+	MaxReplicas          = 1024
+	MinTargetConcurrency = 0.01
+	MaxTargetConcurrency = 100000
+	MinTTFTSLO           = 10 * time.Millisecond
+	MaxTTFTSLO           = time.Hour
+	MinWindow            = time.Second
+	MaxWindow            = time.Hour
+	MaxIdleDelay         = 24 * time.Hour
+	MaxBufferCapacity    = 1000000
+	MinBufferTimeout     = 10 * time.Millisecond
+	MaxBufferTimeout     = time.Hour
+)
 
 // Default is the spec of a model pushed without a stoke.yaml.
 func Default() Spec {
@@ -65,12 +133,19 @@ func Default() Spec {
 const unset = -1 << 31
 
 // Parse reads a spec (stoke.yaml as JSON, as the manifest carries it) over
-// the defaults; empty means the defaults.
+// the defaults; empty means the defaults. A field the spec does not know
+// (as "replicaz", or "mn" in replicas) is an error naming it, so that a
+// typo is not silently served with the default. The watcher and the admin
+// API hand stoke.yaml over converted to JSON, so the check covers YAML
+// too; ParseYAML reads a YAML document directly.
 func Parse(raw json.RawMessage) (Spec, error) {
 	s := Default()
 	if len(raw) > 0 && string(raw) != "null" {
 		s.Replicas.Sleeping = unset
 		if err := json.Unmarshal(raw, &s); err != nil {
+			return Spec{}, fmt.Errorf("deployment spec: %w", err)
+		}
+		if err := knownFields(raw, reflect.TypeFor[Spec](), ""); err != nil {
 			return Spec{}, fmt.Errorf("deployment spec: %w", err)
 		}
 		if s.Replicas.Sleeping == unset {
@@ -80,27 +155,127 @@ func Parse(raw json.RawMessage) (Spec, error) {
 	return s, s.Validate()
 }
 
-// Validate checks every field; the error names the first bad one.
+// ParseYAML reads a stoke.yaml document as Parse reads JSON: over the
+// defaults, unknown fields refused (as yaml.v3's KnownFields would, with the
+// field's path), every bound checked.
+func ParseYAML(raw []byte) (Spec, error) {
+	var doc any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return Spec{}, fmt.Errorf("deployment spec: %w", err)
+	}
+	if doc == nil {
+		return Parse(nil)
+	}
+	if _, ok := doc.(map[string]any); !ok {
+		return Spec{}, fmt.Errorf("deployment spec: want a mapping, not %T", doc)
+	}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return Spec{}, fmt.Errorf("deployment spec: %w", err)
+	}
+	return Parse(b)
+}
+
+// knownFields reports the first member of the JSON object raw (of Go type
+// t, a struct) that t has no field for, naming it by its path from the top
+// ("replicas.mn"). Names must match the json tags exactly: encoding/json
+// would accept "Replicas" for "replicas" but no spec is written so.
+func knownFields(raw json.RawMessage, t reflect.Type, path string) error {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
+		return nil // not an object (json.Unmarshal into t has judged it)
+	}
+	fields := map[string]reflect.Type{}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		fields[name] = f.Type
+	}
+	names := make([]string, 0, len(obj))
+	for name := range obj {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		ft, ok := fields[name]
+		if !ok {
+			return fmt.Errorf("%s%s: unknown field", path, name)
+		}
+		if ft.Kind() == reflect.Struct {
+			if err := knownFields(obj[name], ft, path+name+"."); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Validate checks every field against its bounds (see the fields' doc
+// comments); the error names the first bad one.
 func (s Spec) Validate() error {
+	r := s.Replicas
 	switch {
-	case s.Replicas.Min < 0:
-		return fmt.Errorf("deployment spec: replicas.min %d is negative", s.Replicas.Min)
-	case s.Replicas.Max < 1 || s.Replicas.Max < s.Replicas.Min:
-		return fmt.Errorf("deployment spec: replicas.max %d must be at least 1 and at least replicas.min %d", s.Replicas.Max, s.Replicas.Min)
-	case s.Replicas.Sleeping < 0:
-		return fmt.Errorf("deployment spec: replicas.sleeping %d is negative", s.Replicas.Sleeping)
-	case s.TargetConcurrency <= 0:
-		return fmt.Errorf("deployment spec: target_concurrency %v must be positive", s.TargetConcurrency)
-	case s.TTFTSLO <= 0:
-		return fmt.Errorf("deployment spec: ttft_slo must be positive")
-	case time.Duration(s.Window) < time.Second:
-		return fmt.Errorf("deployment spec: window must be at least 1s")
-	case s.IdleDelay < 0:
-		return fmt.Errorf("deployment spec: idle_delay must not be negative")
+	case r.Min < 0:
+		return fieldErr("replicas.min", "%d is negative", r.Min)
+	case r.Max < 1:
+		return fieldErr("replicas.max", "%d must be at least 1", r.Max)
+	case r.Max > MaxReplicas:
+		return fieldErr("replicas.max", "%d exceeds the limit of %d", r.Max, MaxReplicas)
+	case r.Max < r.Min:
+		return fieldErr("replicas.max", "%d must be at least replicas.min %d", r.Max, r.Min)
+	case r.Sleeping < 0:
+		return fieldErr("replicas.sleeping", "%d is negative", r.Sleeping)
+	case r.Sleeping > r.Max:
+		return fieldErr("replicas.sleeping", "%d exceeds replicas.max %d", r.Sleeping, r.Max)
+	case math.IsNaN(s.TargetConcurrency) || s.TargetConcurrency < MinTargetConcurrency || s.TargetConcurrency > MaxTargetConcurrency:
+		return fieldErr("target_concurrency", "%v is outside [%v, %v]", s.TargetConcurrency, MinTargetConcurrency, float64(MaxTargetConcurrency))
+	}
+	for _, d := range []struct {
+		field    string
+		v        Duration
+		min, max time.Duration
+	}{
+		{"ttft_slo", s.TTFTSLO, MinTTFTSLO, MaxTTFTSLO},
+		{"window", s.Window, MinWindow, MaxWindow},
+		{"idle_delay", s.IdleDelay, 0, MaxIdleDelay},
+	} {
+		if err := d.v.check(d.field, d.min, d.max); err != nil {
+			return err
+		}
+	}
+	switch {
 	case s.Buffer.Capacity < 0:
-		return fmt.Errorf("deployment spec: buffer.capacity %d is negative", s.Buffer.Capacity)
-	case s.Buffer.Timeout <= 0:
-		return fmt.Errorf("deployment spec: buffer.timeout must be positive")
+		return fieldErr("buffer.capacity", "%d is negative", s.Buffer.Capacity)
+	case s.Buffer.Capacity > MaxBufferCapacity:
+		return fieldErr("buffer.capacity", "%d exceeds the limit of %d", s.Buffer.Capacity, MaxBufferCapacity)
+	}
+	return s.Buffer.Timeout.check("buffer.timeout", MinBufferTimeout, MaxBufferTimeout)
+}
+
+// CheckNode checks the bounds that depend on the node the spec is served
+// on: no more replicas than its slots (a replica holds a slot), so that a
+// minimum the node cannot hold is refused instead of retried forever. It
+// does not repeat Validate. slots < 1 means the node's slots are not known:
+// nothing is checked.
+func (s Spec) CheckNode(slots int) error {
+	switch {
+	case slots < 1:
+		return nil
+	case s.Replicas.Min > slots:
+		return fieldErr("replicas.min", "%d exceeds the node's %d slots", s.Replicas.Min, slots)
+	case s.Replicas.Max > slots:
+		return fieldErr("replicas.max", "%d exceeds the node's %d slots", s.Replicas.Max, slots)
+	}
+	return nil
+}
+
+func fieldErr(field, format string, args ...any) error {
+	return fmt.Errorf("deployment spec: %s: %s", field, fmt.Sprintf(format, args...))
+}
+
+// check reports d outside [min, max] as an error naming field.
+func (d Duration) check(field string, min, max time.Duration) error {
+	if v := time.Duration(d); v < min || v > max {
+		return fieldErr(field, "%v is outside [%v, %v]", v, min, max)
 	}
 	return nil
 }
@@ -119,7 +294,11 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 		if err := json.Unmarshal(b, &secs); err != nil {
 			return fmt.Errorf("duration %s: want a string like \"60s\" or seconds", b)
 		}
-		*d = Duration(secs * float64(time.Second))
+		ns := secs * float64(time.Second)
+		if math.IsNaN(ns) || ns >= math.MaxInt64 || ns <= math.MinInt64 {
+			return fmt.Errorf("duration %s: out of range", b)
+		}
+		*d = Duration(ns)
 		return nil
 	}
 	v, err := time.ParseDuration(s)

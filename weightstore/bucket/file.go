@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -19,9 +21,47 @@ import (
 // them and keys may not use it.
 const tmpPrefix = ".stoke-tmp-"
 
-// fileBucket stores objects as files under root, one file per key.
+// ErrOutsideRoot reports a file:// key whose resolution leaves the bucket's
+// directory: a symbolic link pointing out of it (or an absolute one, which
+// os.Root refuses wherever it points). Links inside the bucket must be
+// relative and stay inside it.
+var ErrOutsideRoot = errors.New("path resolves outside the bucket's root directory")
+
+// fileBucket stores objects as files under root, one file per key. Every
+// access goes through an os.Root opened on root, so that no key, however
+// its directories and symbolic links resolve, reaches a file outside it.
+//
+// List leaves out hidden names: a key with a path element starting with
+// '.' (".hidden/config.json", "m/.cache/x", "..x/y") is not listed, as
+// editors', rsync's and the Put's own temporary files are not. Such keys
+// can still be read, written and deleted by name.
 type fileBucket struct {
 	root string // absolute, cleaned
+}
+
+// openRoot opens the bucket's directory; a missing one is reported as
+// isMissing errors are.
+func (b *fileBucket) openRoot() (*os.Root, error) {
+	return os.OpenRoot(b.root)
+}
+
+// rootErr rewrites an error of an os.Root method on the path rel: one that
+// says the path escapes the root wraps ErrOutsideRoot and names the path.
+func (b *fileBucket) rootErr(rel string, err error) error {
+	if err != nil && strings.Contains(err.Error(), "path escapes from parent") {
+		return fmt.Errorf("%w: %s", ErrOutsideRoot, filepath.Join(b.root, rel))
+	}
+	return err
+}
+
+// hidden reports whether some '/'-separated element of key starts with '.'.
+func hidden(key string) bool {
+	for elem := range strings.SplitSeq(key, "/") {
+		if strings.HasPrefix(elem, ".") {
+			return true
+		}
+	}
+	return false
 }
 
 // openFile opens the directory dir as a bucket. The directory itself may be
@@ -51,9 +91,8 @@ func openFile(dir string) (*fileBucket, error) {
 // URL returns file:// followed by the absolute root directory.
 func (b *fileBucket) URL() string { return "file://" + filepath.ToSlash(b.root) }
 
-func (b *fileBucket) path(key string) string {
-	return filepath.Join(b.root, filepath.FromSlash(key))
-}
+// rel is key's path relative to the root, for the os.Root methods.
+func rel(key string) string { return filepath.FromSlash(key) }
 
 // checkFileKey adds the file bucket's one reserved name to checkKey.
 func checkFileKey(key string) error {
@@ -83,45 +122,58 @@ func (b *fileBucket) object(key string, fi fs.FileInfo) Object {
 }
 
 // List walks the deepest directory the prefix names and keeps the regular
-// files (and symbolic links to them) whose keys start with prefix.
+// files (and symbolic links to them within the root) whose keys start with
+// prefix, leaving out hidden names and links that lead out of the root.
 func (b *fileBucket) List(ctx context.Context, prefix string) ([]Object, error) {
 	if err := checkPrefix(prefix); err != nil {
 		return nil, fmt.Errorf("list %s: %w", b.URL(), err)
 	}
-	start := b.root
+	root, err := b.openRoot()
+	if err != nil {
+		if isMissing(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list %s prefix %q: %w", b.URL(), prefix, err)
+	}
+	defer root.Close()
+	start := "."
 	if i := strings.LastIndexByte(prefix, '/'); i >= 0 {
-		start = b.path(prefix[:i])
+		start = prefix[:i]
 	}
 	var objs []Object
-	err := filepath.WalkDir(start, func(p string, d fs.DirEntry, err error) error {
+	err = fs.WalkDir(root.FS(), start, func(key string, d fs.DirEntry, err error) error {
 		if err != nil {
-			if p == start && isMissing(err) {
+			if key == start && isMissing(err) {
 				return fs.SkipAll
 			}
-			return err
+			return b.rootErr(key, err)
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(b.root, p)
-		if err != nil {
-			return err
+		if key == "." {
+			return nil
 		}
-		key := filepath.ToSlash(rel)
-		if d.IsDir() {
-			// Skip directories that cannot hold a matching key.
-			if p != start && !strings.HasPrefix(key+"/", prefix) && !strings.HasPrefix(prefix, key+"/") {
+		if hidden(key) {
+			if d.IsDir() {
 				return fs.SkipDir
 			}
 			return nil
 		}
-		if strings.HasPrefix(d.Name(), tmpPrefix) || !strings.HasPrefix(key, prefix) {
+		if d.IsDir() {
+			// Skip directories that cannot hold a matching key.
+			if key != start && !strings.HasPrefix(key+"/", prefix) && !strings.HasPrefix(prefix, key+"/") {
+				return fs.SkipDir
+			}
 			return nil
 		}
-		fi, err := os.Stat(p) // follows symbolic links
+		if !strings.HasPrefix(key, prefix) {
+			return nil
+		}
+		fi, err := root.Stat(rel(key)) // follows symbolic links within the root
 		if err != nil {
-			if isMissing(err) { // deleted meanwhile, or a dangling link
-				return nil
+			if isMissing(err) || errors.Is(b.rootErr(key, err), ErrOutsideRoot) {
+				return nil // deleted meanwhile, a dangling link, or a link out
 			}
 			return err
 		}
@@ -143,17 +195,21 @@ func (b *fileBucket) stat(key string) (fs.FileInfo, error) {
 	if err := checkFileKey(key); err != nil {
 		return nil, err
 	}
-	fi, err := os.Stat(b.path(key))
-	if err != nil {
-		if isMissing(err) {
-			return nil, ErrNotExist
+	root, err := b.openRoot()
+	if err == nil {
+		defer root.Close()
+		var fi fs.FileInfo
+		if fi, err = root.Stat(rel(key)); err == nil {
+			if !fi.Mode().IsRegular() {
+				return nil, ErrNotExist
+			}
+			return fi, nil
 		}
-		return nil, err
 	}
-	if !fi.Mode().IsRegular() {
+	if isMissing(err) {
 		return nil, ErrNotExist
 	}
-	return fi, nil
+	return nil, b.rootErr(rel(key), err)
 }
 
 // Stat describes key.
@@ -180,12 +236,17 @@ func (b *fileBucket) ReadRange(ctx context.Context, key string, off, n int64) (i
 	if err := checkFileKey(key); err != nil {
 		return nil, fmt.Errorf("read %s: %w", what, err)
 	}
-	f, err := os.Open(b.path(key))
+	root, err := b.openRoot()
+	var f *os.File
+	if err == nil {
+		f, err = root.Open(rel(key))
+		root.Close() // f stays open
+	}
 	if err != nil {
 		if isMissing(err) {
 			err = ErrNotExist
 		}
-		return nil, fmt.Errorf("read %s: %w", what, err)
+		return nil, fmt.Errorf("read %s: %w", what, b.rootErr(rel(key), err))
 	}
 	fi, err := f.Stat()
 	switch {
@@ -221,22 +282,33 @@ func (b *fileBucket) Put(ctx context.Context, key string, r io.Reader, size int6
 	if err := checkFileKey(key); err != nil {
 		return fmt.Errorf("put %s: %w", what, err)
 	}
-	if err := b.put(ctx, b.path(key), r, size); err != nil {
-		return fmt.Errorf("put %s: %w", what, err)
+	if err := b.put(ctx, rel(key), r, size); err != nil {
+		return fmt.Errorf("put %s: %w", what, b.rootErr(rel(key), err))
 	}
 	return nil
 }
 
 func (b *fileBucket) put(ctx context.Context, dst string, r io.Reader, size int64) (err error) {
+	// The root itself is the operator's directory (its parent was checked
+	// by Open); everything under it goes through the os.Root.
+	if err = os.MkdirAll(b.root, 0o755); err != nil {
+		return err
+	}
+	root, err := b.openRoot()
+	if err != nil {
+		return err
+	}
+	defer root.Close()
 	dir := filepath.Dir(dst)
 	var f *os.File
+	var tmp string
 	// A concurrent Delete may remove the (then empty) directory between
-	// MkdirAll and CreateTemp; try again a few times.
+	// MkdirAll and creating the file; try again a few times.
 	for range 3 {
-		if err = os.MkdirAll(dir, 0o755); err != nil {
+		if err = root.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
-		f, err = os.CreateTemp(dir, tmpPrefix+"*")
+		f, tmp, err = createTemp(root, dir)
 		if err == nil || !errors.Is(err, fs.ErrNotExist) {
 			break
 		}
@@ -244,11 +316,10 @@ func (b *fileBucket) put(ctx context.Context, dst string, r io.Reader, size int6
 	if err != nil {
 		return err
 	}
-	tmp := f.Name()
 	defer func() {
 		if err != nil {
 			f.Close()
-			os.Remove(tmp)
+			root.Remove(tmp)
 		}
 	}()
 	src := ctxio.Reader(ctx, r)
@@ -276,15 +347,29 @@ func (b *fileBucket) put(ctx context.Context, dst string, r io.Reader, size int6
 	if err = ctx.Err(); err != nil {
 		return err
 	}
-	if err = os.Rename(tmp, dst); err != nil {
+	if err = root.Rename(tmp, dst); err != nil {
 		return err
 	}
-	return syncDir(dir)
+	return syncDir(root, dir)
+}
+
+// createTemp creates a new file named tmpPrefix and a random suffix in the
+// directory dir of root, as os.CreateTemp does outside a root.
+func createTemp(root *os.Root, dir string) (*os.File, string, error) {
+	for range 100 {
+		name := filepath.Join(dir, tmpPrefix+strconv.FormatUint(rand.Uint64(), 36))
+		f, err := root.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		return f, name, err
+	}
+	return nil, "", fmt.Errorf("create a temporary file in %s: too many attempts", dir)
 }
 
 // syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
+func syncDir(root *os.Root, dir string) error {
+	d, err := root.Open(dir)
 	if err != nil {
 		return err
 	}
@@ -305,22 +390,30 @@ func (b *fileBucket) Delete(ctx context.Context, key string) error {
 	if err := checkFileKey(key); err != nil {
 		return fmt.Errorf("delete %s: %w", what, err)
 	}
-	p := b.path(key)
-	fi, err := os.Lstat(p)
+	root, err := b.openRoot()
 	if err != nil {
 		if isMissing(err) {
 			return nil
 		}
 		return fmt.Errorf("delete %s: %w", what, err)
 	}
+	defer root.Close()
+	p := rel(key)
+	fi, err := root.Lstat(p)
+	if err != nil {
+		if isMissing(err) {
+			return nil
+		}
+		return fmt.Errorf("delete %s: %w", what, b.rootErr(p, err))
+	}
 	if fi.IsDir() { // a key prefix, not an object
 		return nil
 	}
-	if err := os.Remove(p); err != nil && !isMissing(err) {
-		return fmt.Errorf("delete %s: %w", what, err)
+	if err := root.Remove(p); err != nil && !isMissing(err) {
+		return fmt.Errorf("delete %s: %w", what, b.rootErr(p, err))
 	}
-	for dir := filepath.Dir(p); dir != b.root && strings.HasPrefix(dir, b.root); dir = filepath.Dir(dir) {
-		if os.Remove(dir) != nil { // not empty (or already gone): stop
+	for dir := filepath.Dir(p); dir != "."; dir = filepath.Dir(dir) {
+		if root.Remove(dir) != nil { // not empty (or already gone): stop
 			break
 		}
 	}
