@@ -34,6 +34,15 @@ type Resolver interface {
 	Poke(name string)
 }
 
+// FailedResolver is a Resolver that also knows deployments whose revision
+// failed to load for good: their requests are answered at once with a 503
+// carrying the reason, instead of waiting out the buffer for a replica
+// that will never come.
+type FailedResolver interface {
+	// Failed reports whether the deployment's revision failed, and why.
+	Failed(name string) (reason string, failed bool)
+}
+
 // Options configure an Activator.
 type Options struct {
 	Resolver Resolver
@@ -45,10 +54,19 @@ type Options struct {
 	// LeastInFlight turns prefix affinity off: replicas are picked by
 	// least in-flight alone (two random choices).
 	LeastInFlight bool
+	// StreamWriteTimeout bounds each write (and flush) of an answer to the
+	// client: a client that stops reading for this long has its request
+	// cancelled, the engine's included, and its replica slot freed. A
+	// stream may run for minutes; only a stalled write fails. Default 30s;
+	// negative turns it off.
+	StreamWriteTimeout time.Duration
 	// Registerer, when set, receives the activator's stoke_* series.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
+
+// DefaultStreamWriteTimeout is Options.StreamWriteTimeout when unset.
+const DefaultStreamWriteTimeout = 30 * time.Second
 
 // Activator routes requests to the replicas of deployments.
 type Activator struct {
@@ -89,7 +107,13 @@ func New(opts Options) *Activator {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.StreamWriteTimeout == 0 {
+		opts.StreamWriteTimeout = DefaultStreamWriteTimeout
+	}
 	a := &Activator{opts: opts, log: opts.Logger.With("component", "activator"), deps: map[string]*route{}, metrics: NewMetrics(opts.Registerer)}
+	if opts.StreamWriteTimeout > 0 {
+		a.tr.WriteTimeout = opts.StreamWriteTimeout
+	}
 	a.metrics.registerGauges(opts.Registerer, a)
 	return a
 }
@@ -231,9 +255,19 @@ func (a *Activator) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 // (empty and nil when the model is unknown).
 func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 	w := http.ResponseWriter(rec)
+	if req.ContentLength > a.opts.MaxBodyBytes { // refused before any of it is read
+		writeError(w, openai.BodyTooLarge(a.opts.MaxBodyBytes), 0)
+		return "", nil
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, a.opts.MaxBodyBytes))
 	if err != nil {
-		writeError(w, openai.BodyTooLarge(a.opts.MaxBodyBytes), 0)
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, openai.BodyTooLarge(a.opts.MaxBodyBytes), 0)
+		} else { // the client stopped sending (the server's read timeout) or went away
+			writeError(w, &openai.Error{Status: http.StatusRequestTimeout, Type: openai.TypeInvalidRequest, Code: "request_timeout",
+				Message: "reading the request body failed: " + err.Error()}, 0)
+		}
 		return "", nil
 	}
 	var ir inferenceRequest
@@ -250,6 +284,15 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 		writeError(w, openai.ModelNotFound(ir.Model), 0)
 		return "", nil
 	}
+	if fr, ok := a.opts.Resolver.(FailedResolver); ok {
+		if reason, failed := fr.Failed(ir.Model); failed {
+			writeError(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "revision_failed",
+				Message: "model " + ir.Model + " is unavailable: its revision failed to load: " + reason}, 0)
+			return "", nil
+		}
+	}
+	// No key carries a priority yet: a client stays in the interactive band.
+	ir.Priority = ClampClientPriority(ir.Priority)
 	r := a.routeFor(ir.Model, spec)
 	r.arrivals.Add(1)
 	key := ir.Prompt

@@ -18,6 +18,27 @@ var ErrBufferFull = errors.New("activator buffer is full")
 // request's deadline passed before capacity came; the caller answers 503.
 var ErrDeadline = errors.New("deadline passed while waiting for a replica")
 
+// Priority bands of the buffer (higher waits less). Interactive requests
+// default to PriorityInteractive; a client may move its own request within
+// [PriorityInteractiveMin, PriorityInteractiveMax] and no further (until
+// keys carry a priority of their own: see ClampClientPriority). Batch work
+// waits below every interactive request; PrioritySystem is above them for
+// the platform's own requests (evals, probes).
+const (
+	PriorityBatch          = -1000
+	PriorityInteractiveMin = -100
+	PriorityInteractive    = 0
+	PriorityInteractiveMax = 100
+	PrioritySystem         = 1000
+)
+
+// ClampClientPriority keeps a priority a client asked for in the
+// interactive band, so no client can jump above every other one (or below
+// batch work) by sending priority: 9223372036854775807.
+func ClampClientPriority(p int) int {
+	return min(max(p, PriorityInteractiveMin), PriorityInteractiveMax)
+}
+
 // defaultBufferRetryInterval is BufferOptions.RetryInterval when unset.
 const defaultBufferRetryInterval = 250 * time.Millisecond
 

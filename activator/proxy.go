@@ -20,6 +20,12 @@ import (
 // one HTTP transport, so connections to a replica are reused, and the
 // reverse proxy that forwards requests over it.
 type Transports struct {
+	// WriteTimeout, when positive, is the deadline of each write and
+	// flush to the client: one that stalls that long (a client that
+	// stopped reading) fails the forward, which cancels the engine's
+	// request. Set before the first forward.
+	WriteTimeout time.Duration
+
 	mu sync.Mutex
 	m  map[string]*engineProxy
 }
@@ -100,7 +106,7 @@ var errClient = errors.New("client failed")
 // and forward reports what they recorded.
 func (t *Transports) forward(ctx context.Context, addr string, r *http.Request, body []byte, w http.ResponseWriter) error {
 	p := t.proxy(addr)
-	a := &attempt{w: w, ctx: ctx}
+	a := &attempt{w: w, ctx: ctx, rc: http.NewResponseController(w), writeTimeout: t.WriteTimeout}
 	a.req.Reset(body)
 	in := r.WithContext(context.WithValue(ctx, attemptKey{}, a))
 	in.Body, in.GetBody, in.ContentLength = &a.req, nil, int64(len(body))
@@ -116,16 +122,19 @@ type attemptKey struct{}
 // ReverseProxy writes to (it passes the writes on to the client's) and the
 // engine's response body ReverseProxy reads.
 type attempt struct {
-	w         http.ResponseWriter // the client's
-	ctx       context.Context
-	req       requestBody
-	resp      io.ReadCloser // the engine's answer
-	sse       bool
-	rewritten bool   // ReverseProxy got as far as Rewrite
-	ended     bool   // the body reads EOF from now on
-	gone      bool   // writing to the client failed
-	pending   []byte // the error event still to read
-	err       error  // the first failure
+	w  http.ResponseWriter // the client's
+	rc *http.ResponseController
+	// writeTimeout bounds each write and flush to the client (0: none).
+	writeTimeout time.Duration
+	ctx          context.Context
+	req          requestBody
+	resp         io.ReadCloser // the engine's answer
+	sse          bool
+	rewritten    bool   // ReverseProxy got as far as Rewrite
+	ended        bool   // the body reads EOF from now on
+	gone         bool   // writing to the client failed
+	pending      []byte // the error event still to read
+	err          error  // the first failure
 }
 
 // requestBody is the request's body, read again for each attempt.
@@ -150,14 +159,44 @@ func (a *attempt) Write(p []byte) (int, error) {
 	if a.gone {
 		return len(p), nil
 	}
+	a.deadline()
 	if _, err := a.w.Write(p); err != nil {
-		a.fail(fmt.Errorf("%w: write: %v", errClient, err))
-		a.gone, a.ended, a.pending = true, true, nil
+		a.clientFailed("write", err)
 	}
 	return len(p), nil
 }
 
-// Unwrap lets http.ResponseController reach the client's writer (Flush).
+// FlushError flushes the client's writer (ReverseProxy flushes through it
+// after every write of a stream) under the write deadline; a failure is
+// recorded like a failed write.
+func (a *attempt) FlushError() error {
+	if a.gone {
+		return nil
+	}
+	a.deadline()
+	if err := a.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		a.clientFailed("flush", err)
+	}
+	return nil
+}
+
+// deadline gives the next write to the client writeTimeout to complete.
+// (The server clears the deadline once the response is done.)
+func (a *attempt) deadline() {
+	if a.writeTimeout > 0 {
+		a.rc.SetWriteDeadline(time.Now().Add(a.writeTimeout))
+	}
+}
+
+// clientFailed records that the client could not be written to (it went
+// away, or stopped reading past the write deadline) and ends the engine's
+// body, which cancels the engine's request.
+func (a *attempt) clientFailed(op string, err error) {
+	a.fail(fmt.Errorf("%w: %s: %v", errClient, op, err))
+	a.gone, a.ended, a.pending = true, true, nil
+}
+
+// Unwrap lets http.ResponseController reach the client's writer.
 func (a *attempt) Unwrap() http.ResponseWriter { return a.w }
 
 // Read and Close are the engine's body as ReverseProxy sees it.

@@ -7,11 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -343,5 +346,174 @@ func TestProxyStreamHeadersAtOnce(t *testing.T) {
 	close(gotHeaders)
 	if ev := readEvents(t, resp.Body); len(ev) != 2 || ev[1] != "[DONE]" || !isEventStream(resp.Header.Get("Content-Type")) {
 		t.Fatalf("events %q, content type %q", ev, resp.Header.Get("Content-Type"))
+	}
+}
+
+// dialSmallWindow dials addr with a tiny receive buffer, so a server
+// writing to a client that never reads blocks soon.
+func dialSmallWindow(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1024) })
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestProxyStalledClientReleasesReplica: a streaming client that never
+// reads has its request cancelled once a write to it stalls past the
+// stream write deadline: the engine's request is cancelled, the replica's
+// only slot is freed and serves the next request.
+func TestProxyStalledClientReleasesReplica(t *testing.T) {
+	a := New(Options{Resolver: &testResolver{spec: config.Default()}, StreamWriteTimeout: 200 * time.Millisecond})
+	ts := httptest.NewServer(a)
+	defer ts.Close()
+	var cancelled atomic.Int32
+	chunk := "data: " + strings.Repeat("x", 8<<10) + "\n\n"
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if !strings.Contains(string(body), `"stream":true`) {
+			io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for {
+			io.WriteString(w, chunk)
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				cancelled.Add(1)
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}))
+	defer engine.Close()
+	a.AddReplica("m", "r1", engineAddr(engine), 1)
+
+	c := dialSmallWindow(t, strings.TrimPrefix(ts.URL, "http://"))
+	body := `{"model":"m","prompt":"x","stream":true}`
+	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	// It never reads. Within the deadline (plus filling the buffers) the
+	// engine's request is cancelled and the slot comes back.
+	limit := time.Now().Add(30 * time.Second)
+	for cancelled.Load() == 0 || a.InFlight("m", "r1") != 0 {
+		if time.Now().After(limit) {
+			t.Fatalf("a client that stopped reading still holds its replica: engine cancelled %d, in flight %d", cancelled.Load(), a.InFlight("m", "r1"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	resp, got := post(t, ts.URL, `{"model":"m","prompt":"x"}`)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(got, "ok") {
+		t.Fatalf("next request: %d %s", resp.StatusCode, got)
+	}
+	if st, _ := a.deps["m"].pool.BreakerState("r1"); st != BreakerClosed {
+		t.Fatalf("breaker %v after a client stalled, want closed", st)
+	}
+}
+
+// TestServeLimits: a body announced past the limit is refused at once,
+// without waiting for it; a client's priority stays in the interactive
+// band.
+func TestServeLimits(t *testing.T) {
+	a := New(Options{Resolver: &testResolver{spec: config.Default()}, MaxBodyBytes: 1 << 10})
+	ts := httptest.NewServer(a)
+	defer ts.Close()
+
+	t.Run("413 before the body", func(t *testing.T) {
+		c, err := net.Dial("tcp", strings.TrimPrefix(ts.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		// Announces 100 MB, sends one byte and waits: the answer must not
+		// wait for the rest.
+		io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n{")
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("no answer to an over-limit Content-Length: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("status %d, want 413", resp.StatusCode)
+		}
+	})
+
+	for _, tc := range []struct {
+		asked, got int
+	}{
+		{0, PriorityInteractive},
+		{5, 5},
+		{-5, -5},
+		{math.MaxInt64, PriorityInteractiveMax},
+		{math.MinInt64, PriorityInteractiveMin},
+		{PrioritySystem, PriorityInteractiveMax},
+		{PriorityBatch, PriorityInteractiveMin},
+	} {
+		if got := ClampClientPriority(tc.asked); got != tc.got {
+			t.Errorf("ClampClientPriority(%d) = %d, want %d", tc.asked, got, tc.got)
+		}
+	}
+}
+
+// TestServeClampsPriority: with the replica busy, a request asking for
+// the largest priority does not overtake one that waits at the top of the
+// interactive band.
+func TestServeClampsPriority(t *testing.T) {
+	a := New(Options{Resolver: &testResolver{spec: config.Default()}})
+	ts := httptest.NewServer(a)
+	defer ts.Close()
+	gate := make(chan struct{})
+	var order []string
+	var mu sync.Mutex
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req struct{ Prompt string }
+		json.Unmarshal(body, &req)
+		if req.Prompt == "busy" {
+			<-gate
+		}
+		mu.Lock()
+		order = append(order, req.Prompt)
+		mu.Unlock()
+		io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+	}))
+	defer engine.Close()
+	a.AddReplica("m", "r1", engineAddr(engine), 1)
+	var wg sync.WaitGroup
+	send := func(prompt string, priority int64) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Post(ts.URL+"/v1/completions", "application/json",
+				strings.NewReader(fmt.Sprintf(`{"model":"m","prompt":%q,"priority":%d}`, prompt, priority)))
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	waitWaiting := func(n int64) {
+		for a.deps["m"] == nil || a.deps["m"].waiting.Load() != n {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	send("busy", 0)
+	for a.InFlight("m", "r1") != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	send("first", PriorityInteractiveMax)
+	waitWaiting(1)
+	send("jumper", math.MaxInt64)
+	waitWaiting(2)
+	close(gate)
+	wg.Wait()
+	if want := []string{"busy", "first", "jumper"}; fmt.Sprint(order) != fmt.Sprint(want) {
+		t.Fatalf("served %v, want %v: a client's priority jumped the interactive band", order, want)
 	}
 }

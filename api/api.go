@@ -80,7 +80,7 @@ func New(o Options) http.Handler {
 	r.Use(gin.Recovery(), requestID())
 	r.Use(o.Middleware...)
 	r.NoRoute(func(c *gin.Context) {
-		writeError(c, openai.RouteNotFound(c.Request.Method, c.Request.URL.Path))
+		writeError(c, openai.RouteNotFound(c.Request.Method, Truncate(c.Request.URL.Path, MaxEcho)))
 	})
 	// A served path asked with another method is a 405; gin has set the
 	// Allow header by the time NoMethod runs.
@@ -113,13 +113,32 @@ func New(o Options) http.Handler {
 	return r
 }
 
+// MaxEcho is the most bytes of a client's value (X-Request-Id, a path, a
+// model name) an answer echoes; longer ones are cut.
+const MaxEcho = 256
+
+// Truncate cuts s to at most n bytes, at a UTF-8 boundary.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}
+
 // requestID gives every request an id (the client's X-Request-Id when it
-// sent one), echoed in the response.
+// sent one, cut to MaxEcho bytes), echoed in the response and passed on.
 func requestID() gin.HandlerFunc {
 	var seq atomic.Uint64
 	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
 	return func(c *gin.Context) {
 		id := c.GetHeader("X-Request-Id")
+		if len(id) > MaxEcho {
+			id = Truncate(id, MaxEcho)
+			c.Request.Header.Set("X-Request-Id", id)
+		}
 		if id == "" {
 			id = prefix + "-" + strconv.FormatUint(seq.Add(1), 36)
 			c.Request.Header.Set("X-Request-Id", id)
@@ -219,9 +238,9 @@ func (o Options) getDeployment(c *gin.Context) {
 // putDeployment replaces a deployment's spec: the body is the spec, or an
 // object with a "spec" field.
 func (o Options) putDeployment(c *gin.Context) {
-	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, o.MaxBodyBytes))
-	if err != nil {
-		writeError(c, openai.BodyTooLarge(o.MaxBodyBytes))
+	body, e := o.readBody(c)
+	if e != nil {
+		writeError(c, e)
 		return
 	}
 	var wrapped struct {
@@ -241,6 +260,23 @@ func (o Options) putDeployment(c *gin.Context) {
 		return
 	}
 	c.JSON(http.StatusOK, o.toJSON(d))
+}
+
+// readBody reads an admin request body of at most MaxBodyBytes: a
+// Content-Length past it is refused (413) before any of it is read.
+func (o Options) readBody(c *gin.Context) ([]byte, *openai.Error) {
+	if c.Request.ContentLength > o.MaxBodyBytes {
+		return nil, openai.BodyTooLarge(o.MaxBodyBytes)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, o.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, openai.BodyTooLarge(o.MaxBodyBytes)
+		}
+		return nil, openai.InvalidRequest("", "read request body: %v", err)
+	}
+	return body, nil
 }
 
 func deploymentError(name string, err error) *openai.Error {
@@ -264,9 +300,9 @@ func (o Options) prepare(c *gin.Context) {
 	var req struct {
 		Tier tier.Tier `json:"tier"`
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, o.MaxBodyBytes))
-	if err != nil {
-		writeError(c, openai.BodyTooLarge(o.MaxBodyBytes))
+	body, e := o.readBody(c)
+	if e != nil {
+		writeError(c, e)
 		return
 	}
 	if e := openai.Decode(body, &req); e != nil {

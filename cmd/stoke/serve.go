@@ -38,6 +38,7 @@ type serveFlags struct {
 	slots, warm, maxNumSeqs, threads                            int
 	interval, quiet, drain                                      time.Duration
 	prefetch                                                    bool
+	limits                                                      serveLimits
 	s3                                                          *s3Flags
 	runtime                                                     runtimeFlags
 }
@@ -82,6 +83,7 @@ DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 	fl.BoolVar(&f.prefetch, "prefetch", true, "copy every newly deployed revision into the node cache, so its first cold start reads the node cache (t2), not the bucket (t3)")
 	fl.StringVar(&f.cacheMaxSize, "cache-max-size", "0", "size budget of the node cache under DATA/cache, least recently used revisions evicted past it (0 = unlimited)")
 	fl.StringVar(&f.simProfile, "sim-profile", "", "run sim engines with this latency profile instead of computing (every model is served by it)")
+	f.limits.add(fl)
 	f.s3 = addS3Flags(fl)
 	f.runtime.add(fl)
 	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error { return f.runtime.check(cmd.Flags()) }
@@ -106,6 +108,10 @@ func runServe(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	cacheMax, err := sizeFlag("cache-max-size", f.cacheMaxSize, 0, maxSize)
+	if err != nil {
+		return err
+	}
+	sendBuffer, err := sizeFlag("client-send-buffer", f.limits.sendBuffer, 0, 1<<30)
 	if err != nil {
 		return err
 	}
@@ -181,7 +187,8 @@ func runServe(ctx context.Context, f serveFlags) error {
 		return fmt.Errorf("--routing: %q is not prefix or least-inflight", f.routing)
 	}
 	late := &lateController{}
-	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg})
+	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg,
+		StreamWriteTimeout: f.limits.streamWrite})
 	var loadCache nodecache.Cache = node.cache
 	if f.simProfile != "" { // sim engines read no weights: nothing to cache
 		loadCache = nil
@@ -202,7 +209,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 		prefetch = mgr.Prefetch
 	}
 	ctrl, err := reconcile.New(ctx, reconcile.Options{Store: st, Runtimes: mgr, Router: act, NewDecider: reconcile.NewAutoscaler,
-		ReplicaCapacity: f.maxNumSeqs, Metrics: scaler.NewMetrics(reg), Registerer: reg, Cache: node.cache, Warm: f.warm, Prefetch: prefetch})
+		ReplicaCapacity: f.maxNumSeqs, Slots: len(slots), Metrics: scaler.NewMetrics(reg), Registerer: reg, Cache: node.cache, Warm: f.warm, Prefetch: prefetch})
 	if err != nil {
 		return err
 	}
@@ -210,7 +217,8 @@ func runServe(ctx context.Context, f serveFlags) error {
 	w := watch.New(b, st, watch.Options{Interval: f.interval, Quiet: f.quiet, OnRevision: ctrl.OnRevision})
 
 	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg, ColdStarts: ctrl}),
-		ReadHeaderTimeout: 10 * time.Second}
+		ReadHeaderTimeout: f.limits.headerTimeout(), ReadTimeout: f.limits.read, IdleTimeout: f.limits.idle}
+	ln = limitListener(ln, f.limits.maxConns, f.limits.maxConnsPerClient, int(sendBuffer))
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	go w.Run(runCtx)
@@ -284,6 +292,15 @@ func (l *lateController) Lookup(name string) (string, config.Spec, bool) {
 		return "", config.Spec{}, false
 	}
 	return c.Lookup(name)
+}
+
+// Failed implements activator.FailedResolver.
+func (l *lateController) Failed(name string) (string, bool) {
+	c := l.c.Load()
+	if c == nil {
+		return "", false
+	}
+	return c.Failed(name)
 }
 
 func (l *lateController) Poke(name string) {

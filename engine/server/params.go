@@ -34,6 +34,43 @@ func checkTokens(ids []int32, vocab int, param string) *openai.Error {
 	return nil
 }
 
+// maxPromptBytesPerToken bounds the bytes of text one token encodes, so
+// generously that no prompt which fits the context is longer than
+// MaxModelLen × it in bytes.
+const maxPromptBytesPerToken = 32
+
+// checkPromptBytes refuses a text prompt that cannot fit the model's
+// context however it tokenizes, before it is tokenized (a 7 MB prompt
+// would otherwise take seconds to encode only to be refused).
+func checkPromptBytes(l *Loaded, n int, param string) *openai.Error {
+	if limit := l.MaxModelLen * maxPromptBytesPerToken; n > limit {
+		return openai.InvalidRequest(param, "%s is too long: %d bytes, past the %d bytes a context of %d tokens can hold",
+			param, n, limit, l.MaxModelLen)
+	}
+	return nil
+}
+
+// checkPromptSize applies checkPromptBytes to a request's text prompt
+// (a completion's prompt, the text of a chat's messages), before anything
+// tokenizes it.
+func checkPromptSize(l *Loaded, req any) *openai.Error {
+	switch r := req.(type) {
+	case *openai.CompletionRequest:
+		n := 0
+		for _, t := range r.Prompt.Texts {
+			n += len(t)
+		}
+		return checkPromptBytes(l, n, "prompt")
+	case *openai.ChatCompletionRequest:
+		n := 0
+		for _, m := range r.Messages {
+			n += len(m.Content.Text)
+		}
+		return checkPromptBytes(l, n, "messages")
+	}
+	return nil
+}
+
 // checkModel refuses a request naming another model than the one served;
 // an empty name means the served one.
 func checkModel(l *Loaded, name string) *openai.Error {

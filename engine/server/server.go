@@ -469,6 +469,9 @@ func (s *Server) admit(c *gin.Context, req any, model *string) (l *Loaded, eng *
 	if e = s.decodeBody(c, req); e == nil {
 		e = checkModel(l, *model)
 	}
+	if e == nil {
+		e = checkPromptSize(l, req)
+	}
 	if e != nil {
 		s.release()
 		writeError(c, e)

@@ -251,19 +251,16 @@ func (s Spec) Validate() error {
 	return s.Buffer.Timeout.check("buffer.timeout", MinBufferTimeout, MaxBufferTimeout)
 }
 
-// CheckNode checks the bounds that depend on the node the spec is served
-// on: no more replicas than its slots (a replica holds a slot), so that a
-// minimum the node cannot hold is refused instead of retried forever. It
-// does not repeat Validate. slots < 1 means the node's slots are not known:
+// CheckNode checks the bound that depends on the node the spec is served
+// on: a minimum of replicas no larger than its slots (a replica holds a
+// slot), so that a minimum the node cannot hold is refused instead of
+// retried forever. A maximum past the node's slots is allowed: the
+// controller never asks for more replicas than the node has slots. It does
+// not repeat Validate. slots < 1 means the node's slots are not known:
 // nothing is checked.
 func (s Spec) CheckNode(slots int) error {
-	switch {
-	case slots < 1:
-		return nil
-	case s.Replicas.Min > slots:
+	if slots >= 1 && s.Replicas.Min > slots {
 		return fieldErr("replicas.min", "%d exceeds the node's %d slots", s.Replicas.Min, slots)
-	case s.Replicas.Max > slots:
-		return fieldErr("replicas.max", "%d exceeds the node's %d slots", s.Replicas.Max, slots)
 	}
 	return nil
 }

@@ -77,8 +77,17 @@ func Unsupported(param, format string, args ...any) *Error {
 }
 
 // ModelNotFound is the 404 OpenAI and vLLM answer for a model they do not
-// serve.
+// serve. The name is echoed cut to 256 bytes (a client's 1 MB name does
+// not come back as a 1 MB answer).
 func ModelNotFound(model string) *Error {
+	const maxEcho = 256
+	if len(model) > maxEcho {
+		cut := maxEcho
+		for cut > 0 && model[cut]&0xC0 == 0x80 { // not inside a UTF-8 sequence
+			cut--
+		}
+		model = model[:cut] + "…"
+	}
 	return &Error{Status: http.StatusNotFound, Message: fmt.Sprintf("The model `%s` does not exist.", model),
 		Type: TypeInvalidRequest, Param: "model", Code: "model_not_found"}
 }

@@ -221,3 +221,38 @@ func (s *Store) Models(ctx context.Context) ([]string, error) {
 	}
 	return out, nil
 }
+
+// FailLoadedRevision moves a ready revision to failed, recording reason
+// (required): its checks passed but it does not load, as the controller
+// concludes after repeated load failures. It is the one move out of ready
+// and is not part of validation (SetRevisionState still refuses it). A
+// revision already failed keeps its state and first reason (no error). The
+// error wraps ErrNotFound for an unknown revision and ErrIllegalTransition
+// for one still validating.
+func (s *Store) FailLoadedRevision(ctx context.Context, model, digest, reason string) error {
+	what := fmt.Sprintf("fail revision %s of model %s after loading", digest, model)
+	if reason == "" {
+		return fmt.Errorf("%s: %w: a failed revision needs a reason", what, ErrInvalid)
+	}
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var cur string
+		err := tx.QueryRowContext(ctx, `SELECT state FROM revisions WHERE model = ? AND digest = ?`, model, digest).Scan(&cur)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return ErrNotFound
+		case err != nil:
+			return err
+		case RevisionState(cur) == RevisionFailed:
+			return nil
+		case RevisionState(cur) != RevisionReady:
+			return fmt.Errorf("%w from %s", ErrIllegalTransition, cur)
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE revisions SET state = ?, reason = ?, updated_at = ? WHERE model = ? AND digest = ?`,
+			string(RevisionFailed), reason, stamp(s.now()), model, digest)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}

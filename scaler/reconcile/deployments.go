@@ -6,6 +6,9 @@ package reconcile
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/stokehq/stoke/internal/config"
@@ -24,6 +27,7 @@ func (c *Controller) set(d store.Deployment) error {
 	if c.opts.Runtimes != nil {
 		c.opts.Runtimes.SetSleepLimit(d.Name, spec.Replicas.Sleeping)
 	}
+	c.syncLoadState(d)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	dep, ok := c.deps[d.Name]
@@ -55,7 +59,7 @@ func (c *Controller) OnRevision(r store.Revision) {
 	if m, err := manifest.Parse(r.Manifest); err == nil && len(m.Spec) > 0 {
 		spec = m.Spec
 	}
-	if _, err := config.Parse(spec); err != nil {
+	if _, err := c.parseSpec(spec); err != nil {
 		c.log.Warn("the pushed stoke.yaml is invalid; keeping the defaults", "model", r.Model, "err", err)
 		spec = json.RawMessage("{}")
 	}
@@ -100,7 +104,7 @@ func (c *Controller) UpdateSpec(ctx context.Context, name string, raw json.RawMe
 	if err != nil {
 		return store.Deployment{}, err
 	}
-	if _, err := config.Parse(raw); err != nil {
+	if _, err := c.parseSpec(raw); err != nil {
 		return store.Deployment{}, openai.InvalidRequest("spec", "%v", err)
 	}
 	d.Spec = raw
@@ -109,4 +113,166 @@ func (c *Controller) UpdateSpec(ctx context.Context, name string, raw json.RawMe
 	}
 	d.UpdatedAt = time.Now()
 	return d, c.set(d)
+}
+
+// parseSpec parses and validates a deployment spec, with the bound of
+// this node (Options.Slots) on its minimum of replicas.
+func (c *Controller) parseSpec(raw json.RawMessage) (config.Spec, error) {
+	spec, err := config.Parse(raw)
+	if err == nil {
+		err = spec.CheckNode(c.opts.Slots)
+	}
+	return spec, err
+}
+
+// MaxLoadFailures is how many consecutive acquisitions of one revision may
+// fail to load, across replicas, before the controller records the
+// revision as failed and stops acquiring replicas of it: its requests are
+// then answered at once with the reason (Failed) until a new revision is
+// deployed.
+const MaxLoadFailures = 3
+
+// loadState counts the consecutive load failures of a deployment's
+// revision.
+type loadState struct {
+	revision string
+	failures int
+	reason   string // the last failure's
+	failed   bool   // MaxLoadFailures reached, or recorded failed in the store
+}
+
+// loadBook holds a controller's load states by deployment; an entry is
+// dropped when its deployment moves to a new revision.
+type loadBook struct {
+	sync.Mutex
+	m map[string]*loadState
+}
+
+// put records st for deployment name; callers hold the lock.
+func (b *loadBook) put(name string, st *loadState) {
+	if b.m == nil {
+		b.m = map[string]*loadState{}
+	}
+	b.m[name] = st
+}
+
+// syncLoadState forgets the load failures of a revision d no longer
+// serves, and marks d's revision failed when the store records it so (a
+// controller restarted after giving up on it).
+func (c *Controller) syncLoadState(d store.Deployment) {
+	key := d.Name
+	c.loads.Lock()
+	st := c.loads.m[key]
+	if st != nil && st.revision != d.Revision {
+		delete(c.loads.m, key)
+		st = nil
+	}
+	c.loads.Unlock()
+	if st != nil || c.opts.Store == nil {
+		return
+	}
+	r, err := c.opts.Store.Revision(context.Background(), d.Name, d.Revision)
+	if err != nil || r.State != store.RevisionFailed {
+		return
+	}
+	c.loads.Lock()
+	if c.loads.m[key] == nil {
+		c.loads.put(key, &loadState{revision: d.Revision, reason: r.Reason, failed: true})
+	}
+	c.loads.Unlock()
+}
+
+// noteLoad books the outcome of one acquisition of revision for
+// deployment name: a success resets the count of consecutive failures; a
+// failure to load counts, and the MaxLoadFailures-th records the revision
+// as failed in the store. Cancellation and a node out of runtime slots are
+// not the revision's fault and do not count.
+func (c *Controller) noteLoad(ctx context.Context, name, revision string, err error) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, runtime.ErrNoCapacity) {
+		return
+	}
+	key := name
+	c.loads.Lock()
+	st := c.loads.m[key]
+	if st == nil || st.revision != revision {
+		if err == nil {
+			c.loads.Unlock()
+			return
+		}
+		st = &loadState{revision: revision}
+		c.loads.put(key, st)
+	}
+	if err == nil {
+		if !st.failed {
+			st.failures = 0
+		}
+		c.loads.Unlock()
+		return
+	}
+	if st.failed {
+		c.loads.Unlock()
+		return
+	}
+	st.failures++
+	st.reason = err.Error()
+	giveUp := st.failures >= MaxLoadFailures
+	if giveUp {
+		st.failed = true
+		st.reason = fmt.Sprintf("revision %s failed to load %d times in a row: %v", revision, st.failures, err)
+	}
+	reason := st.reason
+	c.loads.Unlock()
+	if !giveUp {
+		return
+	}
+	c.log.Error("revision failed to load too many times; no more replicas of it will be acquired until a new revision is pushed",
+		"deployment", name, "revision", revision, "reason", reason)
+	if c.opts.Store == nil {
+		return
+	}
+	if err := c.opts.Store.FailLoadedRevision(context.WithoutCancel(ctx), name, revision, reason); err != nil {
+		c.log.Warn("record the revision as failed", "deployment", name, "revision", revision, "err", err)
+	}
+}
+
+// skipFailed reports whether revision of deployment name failed to load
+// for good, in which case the acquisition reconcile counted as pending is
+// given up at once.
+func (c *Controller) skipFailed(name, revision string) bool {
+	c.loads.Lock()
+	st := c.loads.m[name]
+	failed := st != nil && st.failed && st.revision == revision
+	c.loads.Unlock()
+	if failed {
+		c.mu.Lock()
+		if d := c.deps[name]; d != nil {
+			d.pending--
+		}
+		c.mu.Unlock()
+	}
+	return failed
+}
+
+// Failed reports whether the revision deployment name serves failed to
+// load for good (and has no replica serving all the same), with the
+// reason: the activator answers its requests at once with it.
+func (c *Controller) Failed(name string) (reason string, failed bool) {
+	c.mu.Lock()
+	d, ok := c.deps[name]
+	var revision string
+	serving := 0
+	if ok {
+		revision, serving = d.d.Revision, len(d.serving())
+	}
+	c.mu.Unlock()
+	if !ok || serving > 0 {
+		return "", false
+	}
+	c.loads.Lock()
+	defer c.loads.Unlock()
+	st := c.loads.m[name]
+	if st == nil || !st.failed || st.revision != revision {
+		return "", false
+	}
+	return st.reason, true
 }

@@ -117,6 +117,10 @@ type Options struct {
 	// ReplicaCapacity is how many requests one replica takes at once
 	// (the engine's max-num-seqs).
 	ReplicaCapacity int
+	// Slots is how many runtimes the node holds (0: unknown). A spec whose
+	// minimum exceeds it is refused, and no deployment asks for more
+	// replicas than it at once.
+	Slots int
 	// Interval is the time between two reconciliations (default 1 s);
 	// Poke reconciles a deployment at once.
 	Interval time.Duration
@@ -148,8 +152,11 @@ type Controller struct {
 	coldStarts       *prometheus.CounterVec
 	coldStartSeconds *prometheus.HistogramVec
 
-	mu          sync.Mutex
-	deps        map[string]*deployment
+	mu   sync.Mutex
+	deps map[string]*deployment
+	// loads counts each deployment's consecutive load failures
+	// (deployments.go); it has its own lock.
+	loads       loadBook
 	restoreWarm bool
 	wg          sync.WaitGroup
 
@@ -395,7 +402,11 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 	serving := d.serving()
 	switch {
 	case dec.Desired > len(serving)+d.pending:
-		start = dec.Desired - len(serving) - d.pending
+		want := dec.Desired
+		if c.opts.Slots > 0 {
+			want = min(want, c.opts.Slots) // more could never get a slot
+		}
+		start = max(0, want-len(serving)-d.pending)
 		d.pending += start
 	case dec.Desired < len(serving):
 		release = leastBusy(serving, len(serving)-dec.Desired, func(id string) int { return c.opts.Router.InFlight(name, id) })
@@ -431,7 +442,11 @@ func leastBusy(ids []string, n int, inFlight func(id string) int) []string {
 
 func (c *Controller) acquire(ctx context.Context, name, revision string) {
 	defer c.wg.Done()
+	if c.skipFailed(name, revision) { // deployments.go: a revision that does not load is not retried
+		return
+	}
 	rep, err := c.opts.Runtimes.Acquire(ctx, name, revision)
+	c.noteLoad(ctx, name, revision, err) // deployments.go: counts consecutive load failures
 	c.mu.Lock()
 	d := c.deps[name]
 	d.pending--

@@ -85,7 +85,8 @@ func (w *Watcher) checkCheckpoint(ctx context.Context, name string, sizes map[st
 	if err != nil {
 		return dtype.Invalid, err
 	}
-	if _, err := model.ParseConfig(raw); err != nil {
+	cfg, err := model.ParseConfig(raw)
+	if err != nil {
 		return dtype.Invalid, invalidf("%s: %v", checkpoint.ConfigFile, err)
 	}
 
@@ -125,11 +126,43 @@ func (w *Watcher) checkCheckpoint(ctx context.Context, name string, sizes map[st
 		// Without an index only model.safetensors is loaded.
 		headers = map[string]*safetensors.Header{checkpoint.SingleFile: headers[checkpoint.SingleFile]}
 	}
-	dt := checkpoint.WeightDType(slices.Collect(maps.Values(headers))...)
+	loaded := slices.Collect(maps.Values(headers))
+	dt := checkpoint.WeightDType(loaded...)
 	if dt == dtype.Invalid {
 		return dtype.Invalid, invalidf("the safetensors files hold no tensors")
 	}
+	if err := checkpoint.CheckShapes(&cfg, loaded...); err != nil {
+		return dtype.Invalid, invalidf("%v", err)
+	}
+	if err := w.checkTokenizer(ctx, name, &cfg, sizes); err != nil {
+		return dtype.Invalid, err
+	}
 	return dt, nil
+}
+
+// tokenizerFiles are the small files the engine builds its tokenizer from.
+var tokenizerFiles = []string{checkpoint.TokenizerFile, checkpoint.TokenizerConfig, checkpoint.ChatTemplateFile}
+
+// checkTokenizer reads the tokenizer files present and checks them with
+// the engine's loader against the config (checkpoint.CheckTokenizer).
+// Findings are invalidErrors.
+func (w *Watcher) checkTokenizer(ctx context.Context, name string, cfg *model.Config, sizes map[string]int64) error {
+	files := map[string][]byte{}
+	for _, f := range tokenizerFiles {
+		size, ok := sizes[f]
+		if !ok {
+			continue
+		}
+		raw, err := readSmall(ctx, w.bucket, name+"/"+f, size)
+		if err != nil {
+			return err
+		}
+		files[f] = raw
+	}
+	if err := checkpoint.CheckTokenizer(cfg, files); err != nil {
+		return invalidf("tokenizer: %v", err)
+	}
+	return nil
 }
 
 // readIndex reads and parses model.safetensors.index.json.

@@ -26,8 +26,13 @@
 // The checks read the metadata, not the tensors: every file listed exists
 // with its listed size, config.json parses, the index parses and agrees with
 // the shards' headers, every safetensors header parses (two ranged reads)
-// and its tensors fill the object exactly, and the manifest's dtype is the
-// projection weights' dtype. Committed revisions are not re-hashed: the
+// and its tensors fill the object exactly, the manifest's dtype is the
+// projection weights' dtype, config.json agrees with the tensors' shapes
+// (checkpoint.CheckShapes: as many layers as present, embedding and every
+// projection of the shape the config implies), and the tokenizer files
+// build with the engine's loader, keep their token ids within vocab_size
+// and carry a chat template that compiles (checkpoint.CheckTokenizer).
+// Committed revisions are not re-hashed: the
 // loader verifies the sha256 of every byte it reads, so hashing whole
 // checkpoints here would double the reads for nothing.
 //
@@ -216,7 +221,7 @@ func groupByModel(objs []bucket.Object) map[string]map[string]bucket.Object {
 	groups := map[string]map[string]bucket.Object{}
 	for _, o := range objs {
 		name, file, ok := strings.Cut(o.Key, "/")
-		if !ok {
+		if !ok || strings.HasPrefix(name, ".") { // hidden prefixes are no models, on any bucket
 			continue
 		}
 		files := groups[name]

@@ -441,3 +441,13 @@ func testStaleManifest(t *testing.T, e *env, src string) {
 		t.Errorf("%d revisions after re-scanning, want 2", len(revs))
 	}
 }
+
+// TestGroupByModelSkipsHidden: a hidden prefix is no model on any bucket
+// (the file bucket lists none; S3 lists them all).
+func TestGroupByModelSkipsHidden(t *testing.T) {
+	objs := []bucket.Object{{Key: "tiny/config.json"}, {Key: ".hidden/config.json"}, {Key: "..x/config.json"}, {Key: "tiny/.cache"}}
+	groups := groupByModel(objs)
+	if len(groups) != 1 || len(groups["tiny"]) != 1 {
+		t.Fatalf("groups %v, want only tiny with config.json", groups)
+	}
+}
