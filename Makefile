@@ -50,10 +50,9 @@ lint:
 		if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
 	$(GO) vet ./...
 
-# A minute of coverage-guided fuzzing of the safetensors header parser
-# (its seed corpus already runs in `make test`).
-# Each fuzz target runs for FUZZTIME (go test -fuzz takes one target at a
-# time); their seeds also run in plain `go test`.
+# Coverage-guided fuzzing of the safetensors header parser, the OpenAI
+# request decoding and the deployment spec, each for FUZZTIME (go test
+# -fuzz takes one target at a time); their seeds also run in `make test`.
 FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHeader$$' -fuzztime $(FUZZTIME) ./weightstore/safetensors/
