@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/stokehq/stoke/batch/files"
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
@@ -68,6 +69,8 @@ type Options struct {
 	Middleware []gin.HandlerFunc
 	// MaxBodyBytes limits admin request bodies (default 1 MiB).
 	MaxBodyBytes int64
+	// Files serves /v1/files; nil leaves those routes unmounted (404).
+	Files *files.Store
 }
 
 // New returns the API's handler.
@@ -95,6 +98,9 @@ func New(o Options) http.Handler {
 	r.GET("/v1/models", o.listModels)
 	// A catch-all, as model names may hold slashes ("org/name").
 	r.GET("/v1/models/*id", o.getModel)
+	if o.Files != nil {
+		mountFiles(r, o.Files)
+	}
 	r.GET("/health", func(c *gin.Context) { c.String(http.StatusOK, "ok") })
 
 	r.GET("/admin/deployments", o.listDeployments)

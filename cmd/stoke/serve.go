@@ -21,6 +21,7 @@ import (
 
 	"github.com/stokehq/stoke/activator"
 	"github.com/stokehq/stoke/api"
+	"github.com/stokehq/stoke/batch/files"
 	"github.com/stokehq/stoke/engine/server"
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/store"
@@ -34,6 +35,7 @@ import (
 
 type serveFlags struct {
 	listen, data, bucketURL, sleepBudget, weightArena, kvMemory string
+	filesURL                                                    string
 	simProfile, routing, cacheMaxSize, kernels                  string
 	slots, warm, maxNumSeqs, threads                            int
 	interval, quiet, drain                                      time.Duration
@@ -68,6 +70,7 @@ DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address of the API")
 	fl.StringVar(&f.data, "data", ".stoke", "directory of the state, the runtimes and the node cache")
 	fl.StringVar(&f.bucketURL, "bucket", "", "bucket whose models are served: s3://bucket[/prefix] or file:///dir (default file://DATA/bucket)")
+	fl.StringVar(&f.filesURL, "files", "", "blob store of /v1/files uploads: s3://bucket[/prefix] or file:///dir (default file://DATA/files)")
 	fl.IntVar(&f.slots, "slots", 4, "runtimes this node runs at most")
 	fl.IntVar(&f.warm, "warm", 1, "blank runtimes kept started (the warm pool)")
 	fl.StringVar(&f.sleepBudget, "sleep-budget", "4GiB", "weight memory sleeping replicas may keep")
@@ -150,6 +153,10 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	fs, err := openFiles(ctx, f, data, st)
+	if err != nil {
+		return err
+	}
 	slots, err := runtime.PlanSlots(f.slots, 0, 0, 0)
 	if err != nil {
 		return fmt.Errorf("--slots: %w", err)
@@ -216,12 +223,13 @@ func runServe(ctx context.Context, f serveFlags) error {
 	late.set(ctrl)
 	w := watch.New(b, st, watch.Options{Interval: f.interval, Quiet: f.quiet, OnRevision: ctrl.OnRevision})
 
-	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg, ColdStarts: ctrl}),
+	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg, ColdStarts: ctrl, Files: fs}),
 		ReadHeaderTimeout: f.limits.headerTimeout(), ReadTimeout: f.limits.read, IdleTimeout: f.limits.idle}
 	ln = limitListener(ln, f.limits.maxConns, f.limits.maxConnsPerClient, int(sendBuffer))
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	go w.Run(runCtx)
+	go sweepFiles(runCtx, fs)
 	ctrlDone := make(chan struct{})
 	go func() { ctrl.Run(runCtx); close(ctrlDone) }()
 	errc := make(chan error, 1)
@@ -242,6 +250,37 @@ func runServe(ctx context.Context, f serveFlags) error {
 		err = nil
 	}
 	return err
+}
+
+// openFiles opens the /v1/files store: content in --files (default
+// file://DATA/files, spooled through DATA/spool on the way to s3://),
+// metadata in the state store.
+func openFiles(ctx context.Context, f serveFlags, data string, st *store.Store) (*files.Store, error) {
+	url := f.filesURL
+	if url == "" {
+		url = "file://" + filepath.Join(data, "files")
+	}
+	spool := filepath.Join(data, "spool")
+	if err := os.MkdirAll(spool, 0o755); err != nil {
+		return nil, fmt.Errorf("--files: %w", err)
+	}
+	b, err := bucket.Open(ctx, url, f.s3.options())
+	if err != nil {
+		return nil, fmt.Errorf("--files: %w", err)
+	}
+	return files.New(files.Options{Blobs: b, Meta: st, SpoolDir: spool})
+}
+
+// sweepFiles deletes, once at start, the uploads a crash left unrecorded
+// (an hour old at least, so that another gateway's uploads in flight are
+// spared).
+func sweepFiles(ctx context.Context, fs *files.Store) {
+	n, err := fs.Sweep(ctx, time.Hour)
+	if err != nil && ctx.Err() == nil {
+		slog.Warn("sweep unrecorded uploads", "err", err)
+	} else if n > 0 {
+		slog.Info("swept unrecorded uploads", "blobs", n)
+	}
 }
 
 // lockData takes the data directory for this process: an exclusive

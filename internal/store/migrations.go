@@ -33,6 +33,18 @@ var migrations = [...]string{
 		spec       TEXT    NOT NULL DEFAULT '{}',
 		updated_at INTEGER NOT NULL
 	);`,
+	// 3: uploaded files (/v1/files): their metadata; the content is a blob
+	// in the files store under blob_key.
+	`CREATE TABLE files (
+		id         TEXT    PRIMARY KEY,
+		filename   TEXT    NOT NULL,
+		purpose    TEXT    NOT NULL,
+		bytes      INTEGER NOT NULL CHECK (bytes >= 0),
+		lines      INTEGER NOT NULL CHECK (lines >= 0),
+		blob_key   TEXT    NOT NULL,
+		created_at INTEGER NOT NULL
+	);
+	CREATE INDEX files_by_created ON files (created_at, id);`,
 }
 
 // SchemaVersion is the user_version of a database this package has brought
