@@ -83,7 +83,7 @@ func New(o Options) http.Handler {
 	r.Use(gin.Recovery(), requestID())
 	r.Use(o.Middleware...)
 	r.NoRoute(func(c *gin.Context) {
-		writeError(c, openai.RouteNotFound(c.Request.Method, Truncate(c.Request.URL.Path, MaxEcho)))
+		writeError(c, openai.RouteNotFound(c.Request.Method, openai.Echo(c.Request.URL.Path)))
 	})
 	// A served path asked with another method is a 405; gin has set the
 	// Allow header by the time NoMethod runs.
@@ -119,30 +119,15 @@ func New(o Options) http.Handler {
 	return r
 }
 
-// MaxEcho is the most bytes of a client's value (X-Request-Id, a path, a
-// model name) an answer echoes; longer ones are cut.
-const MaxEcho = 256
-
-// Truncate cuts s to at most n bytes, at a UTF-8 boundary.
-func Truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n]
-}
-
 // requestID gives every request an id (the client's X-Request-Id when it
-// sent one, cut to MaxEcho bytes), echoed in the response and passed on.
+// sent one, cut by openai.Echo), echoed in the response and passed on.
 func requestID() gin.HandlerFunc {
 	var seq atomic.Uint64
 	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
 	return func(c *gin.Context) {
 		id := c.GetHeader("X-Request-Id")
-		if len(id) > MaxEcho {
-			id = Truncate(id, MaxEcho)
+		if e := openai.Echo(id); e != id {
+			id = e
 			c.Request.Header.Set("X-Request-Id", id)
 		}
 		if id == "" {

@@ -57,7 +57,7 @@ func fileError(id string, err error) *openai.Error {
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.Is(err, files.ErrNotFound):
-		return &openai.Error{Status: http.StatusNotFound, Message: "No such File object: " + Truncate(id, MaxEcho),
+		return &openai.Error{Status: http.StatusNotFound, Message: "No such File object: " + openai.Echo(id),
 			Type: openai.TypeInvalidRequest, Param: "id"}
 	case errors.Is(err, files.ErrTooLarge), errors.As(err, &tooBig):
 		e := &openai.Error{Status: http.StatusRequestEntityTooLarge, Message: err.Error(), Type: openai.TypeInvalidRequest,
@@ -194,7 +194,7 @@ func (h filesHandler) list(c *gin.Context) {
 	}
 	page, more, err := h.fs.List(c.Request.Context(), o)
 	if errors.Is(err, files.ErrNotFound) {
-		writeError(c, openai.InvalidRequest("after", "after: no file %s", Truncate(o.After, MaxEcho)))
+		writeError(c, openai.InvalidRequest("after", "after: no file %s", openai.Echo(o.After)))
 		return
 	}
 	if err != nil {

@@ -76,17 +76,29 @@ func Unsupported(param, format string, args ...any) *Error {
 	return e
 }
 
+// MaxEcho is the most bytes of a client's value (a model name, an id, a
+// path, X-Request-Id) an answer echoes; longer ones are cut (a client's
+// 1 MB name does not come back as a 1 MB answer).
+const MaxEcho = 256
+
+// Echo is s cut to at most MaxEcho bytes, at a UTF-8 boundary, for
+// echoing a client's value back.
+func Echo(s string) string {
+	n := MaxEcho
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 { // not inside a UTF-8 sequence
+		n--
+	}
+	return s[:n]
+}
+
 // ModelNotFound is the 404 OpenAI and vLLM answer for a model they do not
-// serve. The name is echoed cut to 256 bytes (a client's 1 MB name does
-// not come back as a 1 MB answer).
+// serve; the name is echoed cut (Echo), marked with "…" when it was.
 func ModelNotFound(model string) *Error {
-	const maxEcho = 256
-	if len(model) > maxEcho {
-		cut := maxEcho
-		for cut > 0 && model[cut]&0xC0 == 0x80 { // not inside a UTF-8 sequence
-			cut--
-		}
-		model = model[:cut] + "…"
+	if e := Echo(model); e != model {
+		model = e + "…"
 	}
 	return &Error{Status: http.StatusNotFound, Message: fmt.Sprintf("The model `%s` does not exist.", model),
 		Type: TypeInvalidRequest, Param: "model", Code: "model_not_found"}
