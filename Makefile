@@ -22,11 +22,13 @@ run: build
 	$(BIN) serve --data $(DATA)
 
 # Test dependencies: the MinIO server the weight-store tests run against
-# (built once with `go install`, a few minutes the first time), and
-# Debian's containerd and runc for the node-cache tests (each test starts
-# its own private containerd).
+# (built once with `go install`, a few minutes the first time), AWS's EC2
+# instance metadata mock for the spot interruption tests (`go install` too,
+# seconds), and Debian's containerd and runc for the node-cache tests (each
+# test starts its own private containerd).
 deps:
 	@GO=$(GO) sh ./scripts/install-minio.sh
+	@GO=$(GO) sh ./scripts/install-ec2-metadata-mock.sh
 	@sh ./scripts/install-containerd.sh
 
 # Every package runs twice: once as it is, once under the race detector

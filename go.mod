@@ -3,6 +3,8 @@ module github.com/stokehq/stoke
 go 1.26.0
 
 require (
+	github.com/aws/aws-sdk-go-v2 v1.48.0
+	github.com/aws/aws-sdk-go-v2/feature/ec2/imds v1.20.9
 	github.com/containerd/containerd v1.7.35
 	github.com/containerd/containerd/api v1.8.0
 	github.com/distribution/reference v0.6.0
@@ -31,6 +33,11 @@ require (
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1
 	gopkg.in/yaml.v3 v3.0.1
 	modernc.org/sqlite v1.62.0
+)
+
+require (
+	github.com/aws/smithy-go v1.28.9 // indirect
+	github.com/kylelemons/godebug v1.1.0 // indirect
 )
 
 require (

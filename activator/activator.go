@@ -94,6 +94,8 @@ type route struct {
 	// queueWait holds recent buffer waits, for the scaler's queue-wait
 	// signal.
 	queueWait queueWaits
+	// batch is the batch requests holding room on replicas.
+	batch batchSet
 }
 
 // New returns an activator.
@@ -165,7 +167,14 @@ func (a *Activator) routeFor(name string, spec config.Spec) *route {
 	defer a.mu.Unlock()
 	if r, ok = a.deps[name]; !ok {
 		r = &route{addrs: map[string]string{}}
-		r.buffer = NewBufferWithOptions(BufferOptions{Capacity: spec.Buffer.Capacity, OnQueued: func() { a.opts.Resolver.Poke(name) }})
+		r.buffer = NewBufferWithOptions(BufferOptions{Capacity: spec.Buffer.Capacity, OnQueued: func(priority int) {
+			// An interactive request waiting takes its room back from batch
+			// work: the newest batch request goes back to its runner.
+			if !IsBatch(priority) {
+				r.batch.preemptNewest(PreemptInteractive)
+			}
+			a.opts.Resolver.Poke(name)
+		}})
 		r.pool = NewPool(PoolOptions{OnFree: func(n int) { r.buffer.Notify(n) }, Prefix: PrefixOptions{Disabled: a.opts.LeastInFlight}})
 		a.deps[name] = r
 	}
@@ -239,25 +248,42 @@ type inferenceRequest struct {
 	Priority int             `json:"priority"`
 }
 
-// ServeHTTP serves /v1/completions and /v1/chat/completions.
+// ServeHTTP serves /v1/completions and /v1/chat/completions. A client's
+// priority is kept in the interactive band (ClampClientPriority).
 func (a *Activator) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	a.handle(w, req, nil)
+}
+
+// ServeAt answers a request the platform makes itself, in-process, at a
+// priority no client may ask for (PriorityBatch for the batch runner's
+// lines). It returns an error wrapping ErrPreempted (a *Preempted saying
+// why) when the request was cut short to give its room back; what was
+// written to w then is not an answer.
+func (a *Activator) ServeAt(priority int, w http.ResponseWriter, req *http.Request) error {
+	return a.handle(w, req, &priority)
+}
+
+// handle answers one request, at priority when set, and records it.
+func (a *Activator) handle(w http.ResponseWriter, req *http.Request, priority *int) error {
 	start := time.Now()
 	rec := &recorder{ResponseWriter: w}
-	model, r := a.serve(rec, req)
-	if r != nil && rec.status == http.StatusOK && !rec.queued {
+	model, r, err := a.serve(rec, req, priority)
+	if r != nil && rec.status == http.StatusOK && !rec.queued && err == nil {
 		r.latencySum.Add(int64(time.Since(start)))
 		r.latencyN.Add(1)
 	}
 	a.metrics.observe(model, rec, start)
+	return err
 }
 
 // serve answers one request and returns its deployment's name and route
-// (empty and nil when the model is unknown).
-func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
+// (empty and nil when the model is unknown), and the cause when it was
+// preempted.
+func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (string, *route, error) {
 	w := http.ResponseWriter(rec)
 	if req.ContentLength > a.opts.MaxBodyBytes { // refused before any of it is read
 		writeError(w, openai.BodyTooLarge(a.opts.MaxBodyBytes), 0)
-		return "", nil
+		return "", nil, nil
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, a.opts.MaxBodyBytes))
 	if err != nil {
@@ -268,31 +294,35 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 			writeError(w, &openai.Error{Status: http.StatusRequestTimeout, Type: openai.TypeInvalidRequest, Code: "request_timeout",
 				Message: "reading the request body failed: " + err.Error()}, 0)
 		}
-		return "", nil
+		return "", nil, nil
 	}
 	var ir inferenceRequest
 	if e := openai.Decode(body, &ir); e != nil {
 		writeError(w, e, 0)
-		return "", nil
+		return "", nil, nil
 	}
 	if ir.Model == "" {
 		writeError(w, openai.InvalidRequest("model", "model is required"), 0)
-		return "", nil
+		return "", nil, nil
 	}
 	_, spec, ok := a.opts.Resolver.Lookup(ir.Model)
 	if !ok {
 		writeError(w, openai.ModelNotFound(ir.Model), 0)
-		return "", nil
+		return "", nil, nil
 	}
 	if fr, ok := a.opts.Resolver.(FailedResolver); ok {
 		if reason, failed := fr.Failed(ir.Model); failed {
 			writeError(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "revision_failed",
 				Message: "model " + ir.Model + " is unavailable: its revision failed to load: " + reason}, 0)
-			return "", nil
+			return "", nil, nil
 		}
 	}
-	// No key carries a priority yet: a client stays in the interactive band.
-	ir.Priority = ClampClientPriority(ir.Priority)
+	if priority != nil {
+		ir.Priority = *priority
+	} else {
+		// No key carries a priority yet: a client stays in the interactive band.
+		ir.Priority = ClampClientPriority(ir.Priority)
+	}
 	r := a.routeFor(ir.Model, spec)
 	r.arrivals.Add(1)
 	key := ir.Prompt
@@ -300,6 +330,13 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 		key = ir.Messages
 	}
 	ctx := req.Context()
+	var batch *batchRequest
+	if IsBatch(ir.Priority) {
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		batch = &batchRequest{cancel: cancel}
+	}
 	deadline := time.Now().Add(time.Duration(spec.Buffer.Timeout))
 	var failed []string // replicas that failed this request before its first byte
 	for {
@@ -321,14 +358,14 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 			case errors.Is(err, ErrBufferFull):
 				writeError(w, &openai.Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "buffer_full",
 					Message: "model " + ir.Model + " has too many requests waiting for a replica; retry shortly"}, 1)
-				return ir.Model, r
+				return ir.Model, r, nil
 			case errors.Is(err, ErrDeadline):
 				r.queueWait.add(time.Now(), time.Since(asked), time.Duration(spec.Window))
 				writeError(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "no_replica",
 					Message: "no replica of " + ir.Model + " became available in time; retry shortly"}, 5)
-				return ir.Model, r
+				return ir.Model, r, nil
 			}
-			return ir.Model, r // the client went away
+			return ir.Model, r, nil // the client went away
 		}
 		r.queueWait.add(time.Now(), ticket.Waited, time.Duration(spec.Window))
 		r.mu.RLock()
@@ -336,7 +373,14 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 		r.mu.RUnlock()
 		r.inflight.Add(1)
 		w.Header().Set("X-Stoke-Replica", id)
+		if batch != nil {
+			batch.replica, batch.started = id, time.Now()
+			r.batch.add(batch)
+		}
 		err = a.tr.forward(ctx, addr, req, body, w)
+		if batch != nil {
+			r.batch.remove(batch)
+		}
 		r.inflight.Add(-1)
 		if ctx.Err() != nil || errors.Is(err, errClient) {
 			release(nil) // the client's doing, not the replica's
@@ -347,15 +391,23 @@ func (a *Activator) serve(rec *recorder, req *http.Request) (string, *route) {
 			if err != nil && ctx.Err() == nil {
 				a.log.Warn("request failed mid-stream", "model", ir.Model, "replica", id, "err", err)
 			}
-			return ir.Model, r
+			return ir.Model, r, preempted(ctx)
 		}
 		failed = append(failed, id)
 		a.log.Warn("replica failed before the first byte; retrying elsewhere", "model", ir.Model, "replica", id, "err", err)
 		if len(failed) > a.opts.Retries {
 			writeError(w, openai.Unavailable("every replica tried for %s failed: %v", ir.Model, err), 1)
-			return ir.Model, r
+			return ir.Model, r, nil
 		}
 	}
+}
+
+// preempted is the cause of ctx's end when it was a preemption, else nil.
+func preempted(ctx context.Context) error {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrPreempted) {
+		return cause
+	}
+	return nil
 }
 
 // writeError writes e in the OpenAI shape, with Retry-After when set.

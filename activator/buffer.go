@@ -52,9 +52,10 @@ type BufferOptions struct {
 	// head of the queue retries after waiting this long without a grant.
 	// Default 250ms; negative turns the safety net off.
 	RetryInterval time.Duration
-	// OnQueued, when set, is called (outside the buffer's lock) each time
-	// a request starts waiting, so the caller can poke the scaler.
-	OnQueued func()
+	// OnQueued, when set, is called (outside the buffer's lock) with the
+	// request's priority each time a request starts waiting, so the caller
+	// can poke the scaler (and reclaim capacity from lower priorities).
+	OnQueued func(priority int)
 }
 
 // Buffer is the wait queue of one deployment: requests wait in it while no
@@ -76,7 +77,7 @@ type BufferOptions struct {
 type Buffer struct {
 	capacity atomic.Int64
 	retry    time.Duration
-	onQueued func()
+	onQueued func(priority int)
 
 	mu    sync.Mutex
 	queue waiterHeap
@@ -221,7 +222,7 @@ func (b *Buffer) Wait(ctx context.Context, priority int, deadline time.Time) err
 		return err
 	}
 	if b.onQueued != nil {
-		b.onQueued()
+		b.onQueued(priority)
 	}
 	timers := newWaitTimers(deadline, b.retry)
 	defer timers.stop()
@@ -286,7 +287,7 @@ func (b *Buffer) Acquire(ctx context.Context, priority int, deadline time.Time, 
 	}
 	start := time.Now()
 	if b.onQueued != nil {
-		b.onQueued()
+		b.onQueued(priority)
 	}
 	timers := newWaitTimers(deadline, b.retry)
 	defer timers.stop()

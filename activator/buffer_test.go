@@ -399,7 +399,7 @@ func TestBufferWaitRetrySafetyNet(t *testing.T) {
 
 func TestBufferOnQueued(t *testing.T) {
 	var queued atomic.Int32
-	b := NewBufferWithOptions(BufferOptions{Capacity: 4, RetryInterval: -1, OnQueued: func() { queued.Add(1) }})
+	b := NewBufferWithOptions(BufferOptions{Capacity: 4, RetryInterval: -1, OnQueued: func(int) { queued.Add(1) }})
 	if _, err := b.Acquire(context.Background(), 0, time.Time{}, func() bool { return true }); err != nil {
 		t.Fatal(err)
 	}

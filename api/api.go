@@ -71,6 +71,8 @@ type Options struct {
 	MaxBodyBytes int64
 	// Files serves /v1/files; nil leaves those routes unmounted (404).
 	Files *files.Store
+	// Batches serves /v1/batches; nil leaves those routes unmounted.
+	Batches Batches
 }
 
 // New returns the API's handler.
@@ -100,6 +102,9 @@ func New(o Options) http.Handler {
 	r.GET("/v1/models/*id", o.getModel)
 	if o.Files != nil {
 		mountFiles(r, o.Files)
+	}
+	if o.Batches != nil {
+		mountBatches(r, o.Batches, o.MaxBodyBytes)
 	}
 	r.GET("/health", func(c *gin.Context) { c.String(http.StatusOK, "ok") })
 
@@ -253,17 +258,20 @@ func (o Options) putDeployment(c *gin.Context) {
 	c.JSON(http.StatusOK, o.toJSON(d))
 }
 
-// readBody reads an admin request body of at most MaxBodyBytes: a
-// Content-Length past it is refused (413) before any of it is read.
-func (o Options) readBody(c *gin.Context) ([]byte, *openai.Error) {
-	if c.Request.ContentLength > o.MaxBodyBytes {
-		return nil, openai.BodyTooLarge(o.MaxBodyBytes)
+// readBody reads an admin request body of at most MaxBodyBytes.
+func (o Options) readBody(c *gin.Context) ([]byte, *openai.Error) { return readBody(c, o.MaxBodyBytes) }
+
+// readBody reads a request body of at most limit bytes: a Content-Length
+// past it is refused (413) before any of it is read.
+func readBody(c *gin.Context, limit int64) ([]byte, *openai.Error) {
+	if c.Request.ContentLength > limit {
+		return nil, openai.BodyTooLarge(limit)
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, o.MaxBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, limit))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return nil, openai.BodyTooLarge(o.MaxBodyBytes)
+			return nil, openai.BodyTooLarge(limit)
 		}
 		return nil, openai.InvalidRequest("", "read request body: %v", err)
 	}

@@ -201,20 +201,30 @@ func (h filesHandler) list(c *gin.Context) {
 		writeError(c, fileError("", err))
 		return
 	}
-	out := struct {
-		Object  string       `json:"object"`
-		Data    []fileObject `json:"data"`
-		FirstID *string      `json:"first_id"`
-		LastID  *string      `json:"last_id"`
-		HasMore bool         `json:"has_more"`
-	}{Object: "list", Data: []fileObject{}, HasMore: more}
-	for _, f := range page {
-		out.Data = append(out.Data, toFileObject(f))
+	c.JSON(http.StatusOK, newCursorPage(page, more, toFileObject, func(f fileObject) string { return f.ID }))
+}
+
+// cursorPage is a page of an OpenAI list with cursor pagination (after=ID).
+type cursorPage[T any] struct {
+	Object  string  `json:"object"`
+	Data    []T     `json:"data"`
+	FirstID *string `json:"first_id"`
+	LastID  *string `json:"last_id"`
+	HasMore bool    `json:"has_more"`
+}
+
+// newCursorPage is the page of items, each shown as object, whose ids
+// give the page's first and last.
+func newCursorPage[R, T any](items []R, more bool, object func(R) T, id func(T) string) cursorPage[T] {
+	out := cursorPage[T]{Object: "list", Data: make([]T, 0, len(items)), HasMore: more}
+	for _, it := range items {
+		out.Data = append(out.Data, object(it))
 	}
-	if len(page) > 0 {
-		out.FirstID, out.LastID = &page[0].ID, &page[len(page)-1].ID
+	if n := len(out.Data); n > 0 {
+		first, last := id(out.Data[0]), id(out.Data[n-1])
+		out.FirstID, out.LastID = &first, &last
 	}
-	c.JSON(http.StatusOK, out)
+	return out
 }
 
 func (h filesHandler) get(c *gin.Context) {

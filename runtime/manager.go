@@ -6,6 +6,9 @@
 // sleeping replica (T1), load into a warm blank runtime from the node
 // cache (T2) or the bucket (T3), or start a runtime first (T4). Backends
 // (package process, package containerd) start the runtimes themselves.
+// Cordon (cordon.go) takes a class of slots out of service when its
+// capacity is reclaimed; package spot watches for the spot interruption
+// notices that say so.
 package runtime
 
 import (
@@ -136,6 +139,9 @@ type Info struct {
 	Weights  int64     `json:"weight_bytes,omitempty"`
 	Started  time.Time `json:"started"`
 	LastUsed time.Time `json:"last_used,omitzero"`
+	// Cordoned says its slot's class is cordoned (Cordon): nothing new
+	// starts there, and the runtime stops once released.
+	Cordoned bool `json:"cordoned,omitempty"`
 }
 
 // Breakdown is where an acquisition's time went.
@@ -222,6 +228,8 @@ type Manager struct {
 	slots    []string // runtime id per slot, "" when free
 	seq      int
 	closed   bool
+	// cordoned holds the slot classes Cordon took out of service.
+	cordoned map[Class]bool
 
 	loads       loadMetrics
 	sleepLimits map[string]int // per model, from SetSleepLimit
@@ -245,7 +253,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		return nil, fmt.Errorf("new runtime manager: a warm pool of %d does not fit %d slots", opts.Warm, len(opts.Slots))
 	}
 	m := &Manager{opts: opts, log: opts.Logger.With("component", "runtime-manager", "backend", opts.Backend.Name()),
-		runtimes: map[string]*runtimeState{}, slots: make([]string, len(opts.Slots)), stop: make(chan struct{}), seq: int(time.Now().UnixNano() % 1e6), loads: newLoadMetrics(), sleepLimits: map[string]int{}, served: map[string]bool{}}
+		runtimes: map[string]*runtimeState{}, slots: make([]string, len(opts.Slots)), stop: make(chan struct{}), seq: int(time.Now().UnixNano() % 1e6), loads: newLoadMetrics(), sleepLimits: map[string]int{}, served: map[string]bool{}, cordoned: map[Class]bool{}}
 	procs, err := opts.Backend.Recover(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("new runtime manager: recover runtimes: %w", err)
@@ -267,7 +275,7 @@ func (m *Manager) adopt(ctx context.Context, p Process) {
 	st, err := client.State(cctx)
 	cancel()
 	m.mu.Lock()
-	slot := slices.Index(m.slots, "")
+	slot := m.freeSlotLocked()
 	m.mu.Unlock()
 	if err != nil || slot < 0 {
 		reason := "no free slot"
@@ -323,7 +331,7 @@ func (m *Manager) Runtimes() []Info {
 	out := make([]Info, 0, len(m.runtimes))
 	for _, r := range m.runtimes {
 		out = append(out, Info{ID: r.id, Slot: r.slot, Class: m.opts.Slots[r.slot], State: r.state, Model: r.model, Revision: r.revision,
-			Socket: r.proc.Socket(), InUse: r.inUse, Weights: r.weights, Started: r.started, LastUsed: r.lastUsed})
+			Socket: r.proc.Socket(), InUse: r.inUse, Weights: r.weights, Started: r.started, LastUsed: r.lastUsed, Cordoned: m.cordonedLocked(r.slot)})
 	}
 	slices.SortFunc(out, func(a, b Info) int { return a.Slot - b.Slot })
 	return out
@@ -340,17 +348,20 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 		return nil, err
 	}
 	rep := &Replica{ID: r.id, Socket: r.proc.Socket(), Model: model, Revision: revision, Tier: tier.Bucket}
+	fail := func(err error) (*Replica, error) {
+		m.unclaim(r, err)
+		return nil, fmt.Errorf("acquire %s: %w", model, err)
+	}
 	if how == claimHot { // it serves already: nothing to load, wake or warm up
+		if m.isCordoned(r) {
+			return fail(ErrCordoned)
+		}
 		m.mu.Lock()
 		rep.Tier, rep.Revision = tier.Hot, r.revision
 		m.mu.Unlock()
 		rep.Breakdown.Total = time.Since(start)
 		m.log.Info("acquired a replica", "runtime", r.id, "model", model, "revision", rep.Revision, "tier", rep.Tier, "seconds", rep.Breakdown.Total.Seconds())
 		return rep, nil
-	}
-	fail := func(err error) (*Replica, error) {
-		m.unclaim(r, err)
-		return nil, fmt.Errorf("acquire %s: %w", model, err)
 	}
 	if how == claimStarted || how == claimEvicted {
 		if err := m.waitWarm(ctx, r); err != nil {
@@ -434,6 +445,9 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 			m.served[rep.Revision] = true
 			m.mu.Unlock()
 		}
+	}
+	if m.isCordoned(r) { // while it loaded: hand out no replica there
+		return fail(ErrCordoned)
 	}
 	m.setState(r, StateReady, model, "")
 	rep.Breakdown.Total = time.Since(start)
@@ -526,7 +540,7 @@ func (m *Manager) claim(model, revision string) (*runtimeState, claimKind, error
 	}
 	var asleep, blank, starting, sleeper *runtimeState
 	for _, r := range m.sortedRuntimes() {
-		if r.inUse {
+		if r.inUse || m.cordonedLocked(r.slot) {
 			continue
 		}
 		same := r.model == model && (revision == "" || r.revision == revision)
@@ -556,7 +570,7 @@ func (m *Manager) claim(model, revision string) (*runtimeState, claimKind, error
 		starting.inUse = true
 		return starting, claimStarted, nil
 	}
-	if slot := slices.Index(m.slots, ""); slot >= 0 {
+	if slot := m.freeSlotLocked(); slot >= 0 {
 		r, err := m.startLocked(slot)
 		if err != nil {
 			return nil, 0, err
@@ -596,9 +610,13 @@ func (m *Manager) becameBlank(r *runtimeState) {
 }
 
 // unclaim gives back a runtime whose acquisition failed: back to blank if
-// it still answers, otherwise stopped.
+// it still answers and its slot is not cordoned, otherwise stopped.
 func (m *Manager) unclaim(r *runtimeState, cause error) {
 	m.log.Warn("acquisition failed", "runtime", r.id, "err", cause)
+	if m.isCordoned(r) { // a blank runtime there would serve nobody
+		m.markGone(r, fmt.Sprintf("failed to serve in a cordoned slot: %v", cause))
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	st, err := r.client.State(ctx)
@@ -616,13 +634,19 @@ func (m *Manager) unclaim(r *runtimeState, cause error) {
 // Release returns a replica: it sleeps (weights kept, KV freed) when the
 // sleep budget has room for its weights and its model has fewer sleeping
 // replicas than its SetSleepLimit, and is unloaded back to blank
-// otherwise.
+// otherwise. A replica in a cordoned slot (Cordon) is stopped instead,
+// freeing its slot.
 func (m *Manager) Release(ctx context.Context, id string) error {
 	m.mu.Lock()
 	r, ok := m.runtimes[id]
 	if !ok || !r.inUse {
 		m.mu.Unlock()
 		return fmt.Errorf("release %s: not an acquired runtime", id)
+	}
+	if m.cordonedLocked(r.slot) {
+		m.mu.Unlock()
+		m.stopCordoned(r)
+		return nil
 	}
 	var sleeping int64
 	sleepers := 0
@@ -818,7 +842,7 @@ func (m *Manager) fillPool() {
 		}
 	}
 	for ; warm < m.opts.Warm; warm++ {
-		slot := slices.Index(m.slots, "")
+		slot := m.freeSlotLocked()
 		if slot < 0 {
 			return
 		}

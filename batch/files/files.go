@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -37,8 +38,12 @@ const (
 	DefaultMaxLines = 50_000
 )
 
-// PurposeBatch is the one purpose accepted.
+// PurposeBatch is the one purpose accepted from clients.
 const PurposeBatch = "batch"
+
+// PurposeBatchOutput is the purpose of a batch's output and error files,
+// which the platform writes (CreateOutput); clients read and delete them.
+const PurposeBatchOutput = "batch_output"
 
 // IDPrefix starts every file id.
 const IDPrefix = "file-"
@@ -142,6 +147,11 @@ type Upload struct {
 // behind. It lets a caller read the content before the purpose (a
 // multipart form may send them in either order).
 func (s *Store) Stage(ctx context.Context, name string, r io.Reader) (*Upload, error) {
+	return s.stage(ctx, name, r, s.o.MaxBytes, s.o.MaxLines)
+}
+
+// stage is Stage with the limits given.
+func (s *Store) stage(ctx context.Context, name string, r io.Reader, maxBytes int64, maxLines int) (*Upload, error) {
 	if name == "" {
 		return nil, fmt.Errorf("stage file: %w: no filename", ErrBadFile)
 	}
@@ -150,7 +160,7 @@ func (s *Store) Stage(ctx context.Context, name string, r io.Reader) (*Upload, e
 		return nil, fmt.Errorf("stage file %q: %w", name, err)
 	}
 	f := File{ID: id, Filename: name, BlobKey: id}
-	cr := &counter{r: r, maxBytes: s.o.MaxBytes, maxLines: s.o.MaxLines}
+	cr := &counter{r: r, maxBytes: maxBytes, maxLines: maxLines}
 	if err := s.put(ctx, f.BlobKey, cr); err != nil {
 		// A limit error may have been wrapped by the blob store; report it
 		// plainly.
@@ -206,6 +216,25 @@ func (u *Upload) Commit(ctx context.Context, purpose string) (File, error) {
 	if err != nil {
 		u.Abort(ctx)
 		return File{}, fmt.Errorf("create file %q: %w", f.Filename, err)
+	}
+	return f, nil
+}
+
+// CreateOutput stores the content of r as a new file named name with
+// purpose batch_output: a batch's output or error file, written by the
+// platform, so without the upload limits (an answer is longer than its
+// request).
+func (s *Store) CreateOutput(ctx context.Context, name string, r io.Reader) (File, error) {
+	u, err := s.stage(ctx, name, r, math.MaxInt64, math.MaxInt)
+	if err != nil {
+		return File{}, err
+	}
+	f := u.f
+	f.Purpose = PurposeBatchOutput
+	f.CreatedAt = s.o.Now().UTC().Round(0)
+	if err := s.o.Meta.CreateFile(ctx, f); err != nil {
+		u.Abort(ctx)
+		return File{}, fmt.Errorf("create output file %q: %w", name, err)
 	}
 	return f, nil
 }

@@ -25,6 +25,7 @@ type engineFlags struct {
 	kernels                                         string
 	blank, sim, noPrefixCaching                     bool
 	maxBatchedTokens, maxNumSeqs, maxModelLen       int
+	lowerPriorityPrefill                            int
 	threads                                         int
 	drainTimeout                                    time.Duration
 	cache                                           cacheFlags
@@ -55,6 +56,7 @@ func newEngineCmd() *cobra.Command {
 	fl.StringVar(&f.kvMemory, "kv-cache-memory", "2GiB", "memory for the KV cache")
 	fl.IntVar(&f.maxBatchedTokens, "max-num-batched-tokens", 2048, "token budget of one scheduler step")
 	fl.IntVar(&f.maxNumSeqs, "max-num-seqs", 256, "most requests running at once")
+	fl.IntVar(&f.lowerPriorityPrefill, "lower-priority-prefill-tokens", 32, "prompt tokens a step computes at most for requests of lower priority than the highest running or waiting (batch beside interactive); 0 = no cap")
 	fl.IntVar(&f.maxModelLen, "max-model-len", 0, "context length (0 = the model's)")
 	fl.BoolVar(&f.noPrefixCaching, "no-enable-prefix-caching", false, "turn prefix caching off")
 	fl.IntVar(&f.threads, "threads", 0, "compute threads (0 = all cores)")
@@ -195,7 +197,8 @@ func logToFile(ctx context.Context, f engineFlags) (closeLog func(), err error) 
 // engineOptions are the flags every loader shares.
 func (f engineFlags) engineOptions() server.EngineOptions {
 	return server.EngineOptions{
-		Sched:         sched.Config{MaxNumBatchedTokens: f.maxBatchedTokens, MaxNumSeqs: f.maxNumSeqs, MaxModelLen: f.maxModelLen},
+		Sched: sched.Config{MaxNumBatchedTokens: f.maxBatchedTokens, MaxNumSeqs: f.maxNumSeqs, MaxModelLen: f.maxModelLen,
+			LowerPriorityPrefill: f.lowerPriorityPrefill},
 		PrefixCaching: !f.noPrefixCaching,
 		ServedName:    f.servedName,
 	}

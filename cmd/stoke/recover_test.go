@@ -24,6 +24,8 @@ type runtimeJSON struct {
 	Model  string `json:"model"`
 	Socket string `json:"socket"`
 	InUse  bool   `json:"in_use"`
+	Slot   int    `json:"slot"`
+	Class  string `json:"class"`
 }
 
 func listRuntimes(t testing.TB, base string) []runtimeJSON {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/stokehq/stoke/activator"
 	"github.com/stokehq/stoke/api"
+	"github.com/stokehq/stoke/batch"
 	"github.com/stokehq/stoke/batch/files"
 	"github.com/stokehq/stoke/engine/server"
 	"github.com/stokehq/stoke/internal/config"
@@ -36,13 +37,17 @@ import (
 type serveFlags struct {
 	listen, data, bucketURL, sleepBudget, weightArena, kvMemory string
 	filesURL                                                    string
+	batchWindows                                                []string
+	batchInFlight                                               int
+	batchTolerance                                              float64
 	simProfile, routing, cacheMaxSize, kernels                  string
-	slots, warm, maxNumSeqs, threads                            int
+	slots, warm, maxNumSeqs, threads, lowerPriorityPrefill      int
 	interval, quiet, drain                                      time.Duration
 	prefetch                                                    bool
 	limits                                                      serveLimits
 	s3                                                          *s3Flags
 	runtime                                                     runtimeFlags
+	spot                                                        spotFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -71,6 +76,9 @@ DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 	fl.StringVar(&f.data, "data", ".stoke", "directory of the state, the runtimes and the node cache")
 	fl.StringVar(&f.bucketURL, "bucket", "", "bucket whose models are served: s3://bucket[/prefix] or file:///dir (default file://DATA/bucket)")
 	fl.StringVar(&f.filesURL, "files", "", "blob store of /v1/files uploads: s3://bucket[/prefix] or file:///dir (default file://DATA/files)")
+	fl.StringSliceVar(&f.batchWindows, "batch-completion-windows", []string{batch.DefaultWindow}, "completion windows a batch may ask for (OpenAI offers 24h only; a shorter one is for tests)")
+	fl.IntVar(&f.batchInFlight, "batch-max-in-flight", 64, "batch lines in flight per model at most (the runner adapts below it)")
+	fl.Float64Var(&f.batchTolerance, "batch-latency-tolerance", batch.DefaultLatencyTolerance, "how much batch lines may slow a model's time per output token (1.1: by 10%) before their concurrency shrinks")
 	fl.IntVar(&f.slots, "slots", 4, "runtimes this node runs at most")
 	fl.IntVar(&f.warm, "warm", 1, "blank runtimes kept started (the warm pool)")
 	fl.StringVar(&f.sleepBudget, "sleep-budget", "4GiB", "weight memory sleeping replicas may keep")
@@ -78,6 +86,7 @@ DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 	fl.StringVar(&f.kvMemory, "kv-cache-memory", "512MiB", "KV cache of every runtime")
 	fl.IntVar(&f.maxNumSeqs, "max-num-seqs", 256, "requests one runtime runs at once")
 	fl.IntVar(&f.threads, "threads", 0, "compute threads of every runtime (0 = all cores)")
+	fl.IntVar(&f.lowerPriorityPrefill, "lower-priority-prefill-tokens", 32, "prompt tokens an engine step computes at most for batch lines while interactive requests are in the engine (0 = no cap)")
 	addKernelsFlag(fl, &f.kernels)
 	fl.DurationVar(&f.interval, "watch-interval", watch.DefaultInterval, "time between two scans of the bucket")
 	fl.DurationVar(&f.quiet, "quiet", watch.DefaultQuiet, "how long a plain upload must stay unchanged before it is deployed")
@@ -89,6 +98,7 @@ DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 	f.limits.add(fl)
 	f.s3 = addS3Flags(fl)
 	f.runtime.add(fl)
+	f.spot.add(fl)
 	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error { return f.runtime.check(cmd.Flags()) }
 	return cmd
 }
@@ -157,9 +167,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	slots, err := runtime.PlanSlots(f.slots, 0, 0, 0)
+	slots, err := runtime.PlanSlots(f.slots, 0, 0, f.spot.slots)
 	if err != nil {
-		return fmt.Errorf("--slots: %w", err)
+		return fmt.Errorf("--slots/--spot-slots: %w", err)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -173,7 +183,8 @@ func runServe(ctx context.Context, f serveFlags) error {
 	defer node.close()
 	// The engines get no node cache of their own: the runtime manager
 	// decides where each load's bytes come from and fills the cache.
-	engineArgs := []string{"--kv-cache-memory", f.kvMemory, "--max-num-seqs", fmt.Sprint(f.maxNumSeqs), "--threads", fmt.Sprint(f.threads), "--no-cache"}
+	engineArgs := []string{"--kv-cache-memory", f.kvMemory, "--max-num-seqs", fmt.Sprint(f.maxNumSeqs), "--threads", fmt.Sprint(f.threads), "--no-cache",
+		"--lower-priority-prefill-tokens", fmt.Sprint(f.lowerPriorityPrefill)}
 	if f.kernels != "" {
 		engineArgs = append(engineArgs, "--kernels", f.kernels)
 	}
@@ -221,17 +232,26 @@ func runServe(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	late.set(ctrl)
+	batches, err := batch.New(batch.Options{Store: st, Files: fs, Dispatcher: act, Models: late, Windows: f.batchWindows,
+		MaxInFlight: f.batchInFlight, LatencyTolerance: f.batchTolerance, Priority: activator.PriorityBatch, Registerer: reg})
+	if err != nil {
+		return fmt.Errorf("batch flags: %w", err)
+	}
 	w := watch.New(b, st, watch.Options{Interval: f.interval, Quiet: f.quiet, OnRevision: ctrl.OnRevision})
 
-	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg, ColdStarts: ctrl, Files: fs}),
+	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg, ColdStarts: ctrl, Files: fs, Batches: batches}),
 		ReadHeaderTimeout: f.limits.headerTimeout(), ReadTimeout: f.limits.read, IdleTimeout: f.limits.idle}
 	ln = limitListener(ln, f.limits.maxConns, f.limits.maxConnsPerClient, int(sendBuffer))
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
+	if err := startSpotWatcher(runCtx, f.spot, ctrl.DrainClass, slog.Default(), reg); err != nil {
+		return err
+	}
 	go w.Run(runCtx)
 	go sweepFiles(runCtx, fs)
-	ctrlDone := make(chan struct{})
+	ctrlDone, batchesDone := make(chan struct{}), make(chan struct{})
 	go func() { ctrl.Run(runCtx); close(ctrlDone) }()
+	go func() { batches.Run(runCtx); close(batchesDone) }()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	slog.Info("stoke serving", "addr", f.listen, "bucket", f.bucketURL, "data", data, "slots", len(slots), "warm", f.warm)
@@ -245,6 +265,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 	defer cancel()
 	err = hs.Shutdown(dctx)
 	stop()
+	<-batchesDone
 	<-ctrlDone
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
@@ -340,6 +361,13 @@ func (l *lateController) Failed(name string) (string, bool) {
 		return "", false
 	}
 	return c.Failed(name)
+}
+
+// Known reports whether name is a deployment (the batch runner's check
+// of its lines' models).
+func (l *lateController) Known(name string) bool {
+	_, _, ok := l.Lookup(name)
+	return ok
 }
 
 func (l *lateController) Poke(name string) {

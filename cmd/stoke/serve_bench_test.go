@@ -47,6 +47,23 @@ func (r loadResult) pct(p float64) time.Duration {
 // openLoop sends rate requests a second for d (each to url, with a body
 // chosen by i), whatever the answers, and times each.
 func openLoop(client *http.Client, url string, body func(i int) string, rate int, d time.Duration) loadResult {
+	return openLoopFunc(rate, d, func(i int) (time.Duration, error) {
+		t := time.Now()
+		resp, err := client.Post(url, "application/json", strings.NewReader(body(i)))
+		if err == nil {
+			_, err = io_Discard(resp)
+			if err == nil && resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+		}
+		return time.Since(t), err
+	})
+}
+
+// openLoopFunc calls do rate times a second for d, whatever it returns,
+// each call on its own goroutine, and collects the latencies of the calls
+// that succeeded and the count of those that did not.
+func openLoopFunc(rate int, d time.Duration, do func(i int) (time.Duration, error)) loadResult {
 	var mu sync.Mutex
 	var res loadResult
 	var errs atomic.Int64
@@ -60,20 +77,13 @@ func openLoop(client *http.Client, url string, body func(i int) string, rate int
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t := time.Now()
-			resp, err := client.Post(url, "application/json", strings.NewReader(body(i)))
-			if err == nil {
-				_, err = io_Discard(resp)
-				if err == nil && resp.StatusCode != http.StatusOK {
-					err = fmt.Errorf("status %d", resp.StatusCode)
-				}
-			}
+			lat, err := do(i)
 			if err != nil {
 				errs.Add(1)
 				return
 			}
 			mu.Lock()
-			res.lat = append(res.lat, time.Since(t))
+			res.lat = append(res.lat, lat)
 			mu.Unlock()
 		}()
 	}
@@ -102,6 +112,11 @@ func io_Discard(resp *http.Response) (int64, error) {
 // benchServe pushes models (each served by one sim replica, always on) and
 // starts stoke serve on sim engines.
 func benchServe(b *testing.B, models ...string) string {
+	return benchServeWith(b, nil, models...)
+}
+
+// benchServeWith is benchServe with more serve flags.
+func benchServeWith(b *testing.B, flags []string, models ...string) string {
 	src := filepath.Join(b.TempDir(), "src")
 	if err := synth.Write(context.Background(), src, synth.Options{Preset: "tiny", DType: dtype.F32, Seed: 1}); err != nil {
 		b.Fatal(err)
@@ -115,8 +130,9 @@ func benchServe(b *testing.B, models ...string) string {
 			b.Fatalf("%v\n%s", err, out)
 		}
 	}
-	base := startServe(b, nil, "--data", b.TempDir(), "--bucket", "file://"+bucketDir, "--watch-interval", "100ms",
-		"--warm", "0", "--slots", fmt.Sprint(len(models)), "--sim-profile", "llama-3.1-8b-fp8-h100")
+	args := []string{"--data", b.TempDir(), "--bucket", "file://" + bucketDir, "--watch-interval", "100ms",
+		"--warm", "0", "--slots", fmt.Sprint(len(models)), "--sim-profile", "llama-3.1-8b-fp8-h100"}
+	base := startServe(b, nil, append(args, flags...)...)
 	for _, m := range models {
 		waitUntil(b, m+" has a ready replica", 30*time.Second, func() bool { return readyReplicas(b, base, m) == 1 })
 	}

@@ -82,6 +82,13 @@ type Config struct {
 	MaxNumSeqs int
 	// MaxModelLen is the model's context length.
 	MaxModelLen int
+	// LowerPriorityPrefill, when positive, caps the prompt tokens a step
+	// computes for requests of lower priority than the highest one in the
+	// engine (running or waiting): batch work then prefills in small chunks
+	// beside interactive requests, so their steps (the first token's above
+	// all) are not stretched by it. Decodes are never capped. 0 turns the
+	// cap off.
+	LowerPriorityPrefill int
 }
 
 // Work is one request's share of a step: positions [Start, Start+Count)
@@ -190,6 +197,7 @@ func (s *Scheduler) Lookup(id string) (*Request, bool) {
 func (s *Scheduler) Schedule() Step {
 	var step Step
 	budget := s.cfg.MaxNumBatchedTokens
+	lower := s.lowerPrefill()
 	scheduled := map[*Request]int{} // request -> index in step.Work
 	// Decodes first, so a long prefill never delays a running stream.
 	order := make([]*Request, 0, len(s.running))
@@ -210,7 +218,10 @@ func (s *Scheduler) Schedule() Step {
 		if r.state != Running {
 			continue // preempted earlier in this step
 		}
-		n := min(len(r.tokens)-r.NumComputed, budget)
+		n := lower.cap(r, min(len(r.tokens)-r.NumComputed, budget))
+		if n == 0 {
+			continue // a lower-priority prefill waits for a step with room for it
+		}
 		for !s.kv.Allocate(r.seq, r.tokens, r.NumComputed+n, nil, r.CacheSalt) {
 			victim := s.victim()
 			if i, ok := scheduled[victim]; ok {
@@ -231,6 +242,7 @@ func (s *Scheduler) Schedule() Step {
 		step.Work = append(step.Work, Work{Req: r, Start: r.NumComputed, Count: n, Table: s.kv.Table(r.seq), Sample: r.NumComputed+n == len(r.tokens)})
 		step.NumTokens += n
 		budget -= n
+		lower.take(r, n)
 	}
 	if len(step.Preempted) > 0 {
 		step.Work = dropEmpty(step.Work)
@@ -239,7 +251,10 @@ func (s *Scheduler) Schedule() Step {
 	for budget > 0 && len(s.running) < s.cfg.MaxNumSeqs && s.waiting.Len() > 0 {
 		r := s.waiting[0]
 		cached, hit := s.kv.LookupPrefix(r.tokens, r.CacheSalt)
-		n := min(len(r.tokens)-hit, budget)
+		n := lower.cap(r, min(len(r.tokens)-hit, budget))
+		if n == 0 {
+			break // the rest wait behind r, at its priority or below
+		}
 		if !s.kv.Allocate(r.seq, r.tokens, hit+n, cached, r.CacheSalt) {
 			break
 		}
@@ -249,8 +264,52 @@ func (s *Scheduler) Schedule() Step {
 		step.Work = append(step.Work, Work{Req: r, Start: hit, Count: n, Table: s.kv.Table(r.seq), Sample: hit+n == len(r.tokens)})
 		step.NumTokens += n
 		budget -= n
+		lower.take(r, n)
 	}
 	return step
+}
+
+// lowerBudget is what is left of a step's prefill tokens for requests below
+// the engine's highest priority (Config.LowerPriorityPrefill).
+type lowerBudget struct {
+	on   bool
+	top  int // the highest priority in the engine
+	left int
+}
+
+// lowerPrefill starts a step's budget for lower-priority prefill.
+func (s *Scheduler) lowerPrefill() lowerBudget {
+	if s.cfg.LowerPriorityPrefill <= 0 {
+		return lowerBudget{}
+	}
+	b := lowerBudget{on: true, left: s.cfg.LowerPriorityPrefill}
+	found := false
+	for _, r := range s.running {
+		if !found || r.Priority > b.top {
+			b.top, found = r.Priority, true
+		}
+	}
+	if s.waiting.Len() > 0 && (!found || s.waiting[0].Priority > b.top) {
+		b.top = s.waiting[0].Priority
+	}
+	return b
+}
+
+// cap is how many of n tokens r may compute this step: all of a decode
+// (one token) and of a top-priority request's, what is left of the budget
+// for a lower-priority prefill.
+func (b *lowerBudget) cap(r *Request, n int) int {
+	if !b.on || n <= 1 || r.Priority >= b.top {
+		return n
+	}
+	return min(n, b.left)
+}
+
+// take counts r's n scheduled tokens against the budget.
+func (b *lowerBudget) take(r *Request, n int) {
+	if b.on && n > 1 && r.Priority < b.top {
+		b.left -= n
+	}
 }
 
 func dropEmpty(work []Work) []Work {

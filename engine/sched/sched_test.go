@@ -284,3 +284,58 @@ func TestAddRejects(t *testing.T) {
 		t.Fatalf("duplicate id: %v", err)
 	}
 }
+
+// TestLowerPriorityPrefillIsCapped: beside a higher-priority request, a
+// step computes at most LowerPriorityPrefill prompt tokens of the lower
+// ones (their decodes are not capped), the higher one's prefill is never
+// held back, alone the lower ones run at the full budget, and every output
+// is the same as without the cap.
+func TestLowerPriorityPrefillIsCapped(t *testing.T) {
+	const capTokens = 16
+	mk := func() []*Request {
+		var reqs []*Request
+		for i := range 6 {
+			reqs = append(reqs, &Request{ID: fmt.Sprint("batch", i), Prompt: prompt(i, 50), MaxTokens: 8, Priority: -1000})
+		}
+		return append(reqs, &Request{ID: "interactive", Prompt: prompt(99, 40), MaxTokens: 8})
+	}
+	cfg := Config{MaxNumBatchedTokens: 256, MaxNumSeqs: 16, MaxModelLen: 512}
+	plain, _ := newScheduler(t, cfg, 1024)
+	want := run(t, plain, mk(), nil)
+
+	cfg.LowerPriorityPrefill = capTokens
+	s, _ := newScheduler(t, cfg, 1024)
+	interactiveDone := false
+	got := run(t, s, mk(), func(step Step) {
+		lower := 0
+		for _, w := range step.Work {
+			switch {
+			case w.Req.ID == "interactive" && w.Start == 0 && w.Count != 40:
+				t.Errorf("the top-priority prefill got %d of its 40 tokens", w.Count)
+			case w.Req.Priority < 0 && w.Count > 1:
+				lower += w.Count
+			}
+			if w.Req.ID == "interactive" && len(w.Req.Output) >= w.Req.MaxTokens {
+				interactiveDone = true
+			}
+		}
+		if !interactiveDone && lower > capTokens {
+			t.Errorf("a step beside the interactive request computed %d lower-priority prompt tokens, cap %d", lower, capTokens)
+		}
+	})
+	for id, out := range want {
+		if !slices.Equal(got[id], out) {
+			t.Fatalf("%s: %v with the cap, %v without", id, got[id], out)
+		}
+	}
+
+	// Alone, batch work is not capped: its first step fills the budget.
+	s, _ = newScheduler(t, cfg, 1024)
+	first := true
+	run(t, s, mk()[:6], func(step Step) {
+		if first && step.NumTokens != cfg.MaxNumBatchedTokens {
+			t.Errorf("first step of batch work alone computed %d tokens, want the budget of %d", step.NumTokens, cfg.MaxNumBatchedTokens)
+		}
+		first = false
+	})
+}

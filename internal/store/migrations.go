@@ -45,6 +45,45 @@ var migrations = [...]string{
 		created_at INTEGER NOT NULL
 	);
 	CREATE INDEX files_by_created ON files (created_at, id);`,
+	// 4: batches (/v1/batches) and their lines: each line's request and,
+	// once it finished, its result line, recorded before it counts.
+	`CREATE TABLE batches (
+		id                TEXT    PRIMARY KEY,
+		input_file_id     TEXT    NOT NULL,
+		endpoint          TEXT    NOT NULL,
+		completion_window TEXT    NOT NULL,
+		metadata          TEXT    NOT NULL DEFAULT '',
+		status            TEXT    NOT NULL CHECK (status IN ('validating', 'failed', 'in_progress', 'finalizing',
+		                          'completed', 'expired', 'cancelling', 'cancelled')),
+		errors            TEXT    NOT NULL DEFAULT '',
+		output_file_id    TEXT    NOT NULL DEFAULT '',
+		error_file_id     TEXT    NOT NULL DEFAULT '',
+		total             INTEGER NOT NULL DEFAULT 0,
+		completed         INTEGER NOT NULL DEFAULT 0,
+		failed            INTEGER NOT NULL DEFAULT 0,
+		created_at        INTEGER NOT NULL,
+		expires_at        INTEGER NOT NULL,
+		in_progress_at    INTEGER NOT NULL DEFAULT 0,
+		finalizing_at     INTEGER NOT NULL DEFAULT 0,
+		completed_at      INTEGER NOT NULL DEFAULT 0,
+		failed_at         INTEGER NOT NULL DEFAULT 0,
+		expired_at        INTEGER NOT NULL DEFAULT 0,
+		cancelling_at     INTEGER NOT NULL DEFAULT 0,
+		cancelled_at      INTEGER NOT NULL DEFAULT 0
+	);
+	CREATE INDEX batches_by_created ON batches (created_at, id);
+	CREATE INDEX batches_by_status ON batches (status);
+	CREATE TABLE batch_lines (
+		batch_id  TEXT    NOT NULL REFERENCES batches (id) ON DELETE CASCADE,
+		line      INTEGER NOT NULL,
+		custom_id TEXT    NOT NULL,
+		body      TEXT    NOT NULL,
+		state     TEXT    NOT NULL CHECK (state IN ('pending', 'succeeded', 'failed')),
+		result    TEXT    NOT NULL DEFAULT '',
+		PRIMARY KEY (batch_id, line),
+		UNIQUE (batch_id, custom_id)
+	);
+	CREATE INDEX batch_lines_by_state ON batch_lines (batch_id, state, line);`,
 }
 
 // SchemaVersion is the user_version of a database this package has brought

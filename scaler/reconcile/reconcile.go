@@ -8,7 +8,8 @@
 // ones to the activator; adopt.go takes over the ready replicas an earlier
 // serve left; prefetch.go puts newly deployed revisions into the node
 // cache; coldstart.go drives a deployment into a cold-start tier for the
-// bench.
+// bench; drain.go takes the replicas off a slot class whose capacity is
+// reclaimed (a spot interruption notice).
 package reconcile
 
 import (
@@ -47,6 +48,9 @@ type Runtimes interface {
 	Unload(ctx context.Context, id string) error
 	StopIdle(ctx context.Context) error
 	SetWarm(n int) error
+	// Cordon takes a slot class out of service (DrainClass): nothing
+	// new starts there, and a replica released there stops.
+	Cordon(class runtime.Class)
 }
 
 // RevisionRemover drops a revision from the node cache (nodecache.Dir,
@@ -72,6 +76,9 @@ type Router interface {
 	QueueWaitP90(deployment string) time.Duration
 	// Traffic is its requests received so far and their mean duration.
 	Traffic(deployment string) (arrivals int64, meanLatency time.Duration)
+	// PreemptBatch cancels the batch requests on one of its replicas
+	// with reason and returns how many; their runners requeue them.
+	PreemptBatch(deployment, replicaID, reason string) int
 }
 
 // Decider decides one deployment's replica count (scaler.Autoscaler).
@@ -151,6 +158,7 @@ type Controller struct {
 
 	coldStarts       *prometheus.CounterVec
 	coldStartSeconds *prometheus.HistogramVec
+	drains           *drainMetrics // drain.go
 
 	mu   sync.Mutex
 	deps map[string]*deployment
@@ -229,6 +237,10 @@ func New(ctx context.Context, opts Options) (*Controller, error) {
 		if err := errors.Join(opts.Registerer.Register(c.coldStarts), opts.Registerer.Register(c.coldStartSeconds)); err != nil {
 			return nil, fmt.Errorf("register cold-start metrics: %w", err)
 		}
+	}
+	var err error
+	if c.drains, err = newDrainMetrics(opts.Registerer); err != nil {
+		return nil, err
 	}
 	c.bgCtx, c.bgCancel = context.WithCancel(context.WithoutCancel(ctx))
 	ds, err := opts.Store.Deployments(ctx)

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	oai "github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+)
+
+// ttftLoop sends rate streamed completions a second for d and returns the
+// time to each one's first token (first SSE data event), and the count of
+// requests that failed.
+func ttftLoop(base string, rate int, d time.Duration) loadResult {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}, Timeout: time.Minute}
+	return openLoopFunc(rate, d, func(i int) (time.Duration, error) {
+		t := time.Now()
+		body := fmt.Sprintf(`{"model":"chat","prompt":"interactive request %d: summarise the note below in one short sentence, please.","max_tokens":16,"stream":true}`, i)
+		resp, err := client.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		var first time.Duration
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if first == 0 && strings.HasPrefix(sc.Text(), "data: ") {
+				first = time.Since(t)
+			}
+		}
+		if resp.StatusCode != http.StatusOK || first == 0 {
+			return 0, fmt.Errorf("status %d, no token", resp.StatusCode)
+		}
+		return first, sc.Err()
+	})
+}
+
+// BenchmarkBatchInteractiveTTFT measures interactive TTFT (p50, p99) at a
+// fixed rate on one sim replica (8B H100 profile) with and without a large
+// batch running on the same node, and the batch's lines/s meanwhile.
+// $STOKE_BENCH_SECONDS sets each phase's length (default 10), $STOKE_BENCH_RATE
+// the interactive rate (default 20/s), $STOKE_BENCH_BATCH_IN_FLIGHT and
+// $STOKE_BENCH_LOWER_PREFILL serve's --batch-max-in-flight and
+// --lower-priority-prefill-tokens.
+func BenchmarkBatchInteractiveTTFT(b *testing.B) {
+	seconds, rate := 10, 20
+	if s, err := strconv.Atoi(os.Getenv("STOKE_BENCH_SECONDS")); err == nil && s > 0 {
+		seconds = s
+	}
+	if r, err := strconv.Atoi(os.Getenv("STOKE_BENCH_RATE")); err == nil && r > 0 {
+		rate = r
+	}
+	phase := time.Duration(seconds) * time.Second
+	var flags []string
+	if v := os.Getenv("STOKE_BENCH_BATCH_IN_FLIGHT"); v != "" {
+		flags = append(flags, "--batch-max-in-flight", v)
+	}
+	if v := os.Getenv("STOKE_BENCH_LOWER_PREFILL"); v != "" {
+		flags = append(flags, "--lower-priority-prefill-tokens", v)
+	}
+	base := benchServeWith(b, flags, "chat")
+	ctx := context.Background()
+	client := oai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	for b.Loop() {
+		alone := ttftLoop(base, rate, phase)
+
+		var in strings.Builder
+		for i := range 50_000 {
+			fmt.Fprintf(&in, `{"custom_id":"c-%d","method":"POST","url":"/v1/completions","body":{"model":"chat","prompt":"batch line %d: classify this short review as positive or negative.","max_tokens":16}}`+"\n", i, i)
+		}
+		f, err := client.Files.New(ctx, oai.FileNewParams{File: oai.File(strings.NewReader(in.String()), "big.jsonl", "application/jsonl"), Purpose: oai.FilePurposeBatch})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bt, err := client.Batches.New(ctx, oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1Completions,
+			CompletionWindow: oai.BatchNewParamsCompletionWindow24h})
+		if err != nil {
+			b.Fatal(err)
+		}
+		counts := func() int64 {
+			got, err := client.Batches.Get(ctx, bt.ID)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return got.RequestCounts.Completed + got.RequestCounts.Failed
+		}
+		waitUntil(b, "the batch runs", time.Minute, func() bool { return counts() > 500 })
+		before, t0 := counts(), time.Now()
+		with := ttftLoop(base, rate, phase)
+		linesPerSec := float64(counts()-before) / time.Since(t0).Seconds()
+		client.Batches.Cancel(ctx, bt.ID)
+
+		b.ReportMetric(ms(alone.pct(0.5)), "alone-p50-ms")
+		b.ReportMetric(ms(alone.pct(0.99)), "alone-p99-ms")
+		b.ReportMetric(ms(with.pct(0.5)), "batch-p50-ms")
+		b.ReportMetric(ms(with.pct(0.99)), "batch-p99-ms")
+		b.ReportMetric(linesPerSec, "batch-lines/s")
+		b.ReportMetric(float64(alone.errors+with.errors), "errors")
+	}
+}
