@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
 )
@@ -323,6 +324,8 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		// No key carries a priority yet: a client stays in the interactive band.
 		ir.Priority = ClampClientPriority(ir.Priority)
 	}
+	// The engine schedules by the priority decided here, not the body's.
+	req.Header.Set(engineapi.PriorityHeader, strconv.Itoa(ir.Priority))
 	r := a.routeFor(ir.Model, spec)
 	r.arrivals.Add(1)
 	key := ir.Prompt

@@ -111,8 +111,8 @@ type Options struct {
 	// per output token, as a factor over the lowest seen (default
 	// DefaultLatencyTolerance, 1.1: 10%); past it their concurrency shrinks.
 	LatencyTolerance float64
-	// Priority is the lines' priority in the activator's buffer and the
-	// engine's scheduler (the caller passes activator.PriorityBatch).
+	// Priority is the lines' priority in the activator's buffer and, through
+	// it, the engine's scheduler (the caller passes activator.PriorityBatch).
 	Priority int
 	// Registerer, when set, receives the stoke_batch_* series.
 	Registerer prometheus.Registerer

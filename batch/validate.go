@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 
 	"github.com/stokehq/stoke/internal/store"
 )
@@ -38,8 +37,7 @@ type inputLine struct {
 // record, or the errors that fail it. Each line must be a JSON object with
 // a unique custom_id, method POST, the batch's endpoint as url and a body
 // naming a served model; streaming is refused (a batch line's answer is
-// one JSON body). Lines' bodies get the batch priority, so the engine's
-// scheduler puts them behind interactive requests too.
+// one JSON body).
 func (s *Service) validate(ctx context.Context, b Batch) ([]store.BatchLine, []LineError, error) {
 	_, rc, err := s.o.Files.Open(ctx, b.InputFileID)
 	if err != nil {
@@ -133,13 +131,7 @@ func (s *Service) checkLine(n int, text []byte, endpoint string, seen map[string
 	if !ok {
 		return store.BatchLine{}, false
 	}
-	body["priority"] = json.RawMessage(strconv.Itoa(s.o.Priority))
-	out, err := json.Marshal(body)
-	if err != nil {
-		fail(n, "invalid_request", "body", "body cannot be re-encoded: %v", err)
-		return store.BatchLine{}, false
-	}
-	return store.BatchLine{Line: n, CustomID: *in.CustomID, Body: out}, true
+	return store.BatchLine{Line: n, CustomID: *in.CustomID, Body: in.Body}, true
 }
 
 // jsonError is a decode error as the one-line message of a line's error.

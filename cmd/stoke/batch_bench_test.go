@@ -44,7 +44,8 @@ func ttftLoop(base string, rate int, d time.Duration) loadResult {
 
 // BenchmarkBatchInteractiveTTFT measures interactive TTFT (p50, p99) at a
 // fixed rate on one sim replica (8B H100 profile) with and without a large
-// batch running on the same node, and the batch's lines/s meanwhile.
+// batch running on the same node, and the batch's lines/s alone and
+// meanwhile.
 // $STOKE_BENCH_SECONDS sets each phase's length (default 10), $STOKE_BENCH_RATE
 // the interactive rate (default 20/s), $STOKE_BENCH_BATCH_IN_FLIGHT and
 // $STOKE_BENCH_LOWER_PREFILL serve's --batch-max-in-flight and
@@ -93,6 +94,9 @@ func BenchmarkBatchInteractiveTTFT(b *testing.B) {
 		}
 		waitUntil(b, "the batch runs", time.Minute, func() bool { return counts() > 500 })
 		before, t0 := counts(), time.Now()
+		time.Sleep(phase / 2)
+		aloneLines := float64(counts()-before) / time.Since(t0).Seconds()
+		before, t0 = counts(), time.Now()
 		with := ttftLoop(base, rate, phase)
 		linesPerSec := float64(counts()-before) / time.Since(t0).Seconds()
 		client.Batches.Cancel(ctx, bt.ID)
@@ -101,6 +105,7 @@ func BenchmarkBatchInteractiveTTFT(b *testing.B) {
 		b.ReportMetric(ms(alone.pct(0.99)), "alone-p99-ms")
 		b.ReportMetric(ms(with.pct(0.5)), "batch-p50-ms")
 		b.ReportMetric(ms(with.pct(0.99)), "batch-p99-ms")
+		b.ReportMetric(aloneLines, "batch-alone-lines/s")
 		b.ReportMetric(linesPerSec, "batch-lines/s")
 		b.ReportMetric(float64(alone.errors+with.errors), "errors")
 	}

@@ -88,3 +88,10 @@ type KVInfo struct {
 	Blocks int     `json:"blocks"`
 	Usage  float64 `json:"usage"`
 }
+
+// PriorityHeader carries a request's scheduling priority from the
+// platform's activator to the engine. It overrides the body's "priority"
+// field: the activator sets it to the priority it decided (a client's
+// clamped to the interactive band, a batch line's below it), so no client
+// reaches the engine's scheduler with a priority of its own choosing.
+const PriorityHeader = "X-Stoke-Priority"

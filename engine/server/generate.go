@@ -15,6 +15,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/stokehq/stoke/engine/core"
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/engine/kvcache"
 	"github.com/stokehq/stoke/engine/sample"
 	"github.com/stokehq/stoke/engine/tokenizer"
@@ -117,6 +118,9 @@ func (s *Server) completions(c *gin.Context) {
 	}
 	params, e := buildParams(l, &req.GenerationParams, prompt, genSpec{promptParam: "prompt", maxTokens: req.MaxTokens,
 		maxParam: "max_tokens", defaultMax: 16, logprobs: logprobs, logprobsParam: "logprobs", kvTokens: kvTokens(eng)})
+	if e == nil {
+		e = headerPriority(c, &params)
+	}
 	if e != nil {
 		writeError(c, e)
 		return
@@ -151,12 +155,30 @@ func (s *Server) chatCompletions(c *gin.Context) {
 	maxTokens, maxParam := req.MaxNewTokens()
 	params, e := buildParams(l, &req.GenerationParams, prompt, genSpec{promptParam: "messages", maxTokens: maxTokens,
 		maxParam: maxParam, logprobs: logprobs, logprobsParam: "top_logprobs", kvTokens: kvTokens(eng)})
+	if e == nil {
+		e = headerPriority(c, &params)
+	}
 	if e != nil {
 		writeError(c, e)
 		return
 	}
 	s.generate(c, &job{engine: eng, params: params, stream: req.Stream, includeUsage: req.IncludeUsage(),
 		format: &chatFormat{head: newHead("chatcmpl-", l, logprobs)}})
+}
+
+// headerPriority applies the priority the platform's activator set in
+// engineapi.PriorityHeader, which overrides the body's.
+func headerPriority(c *gin.Context, p *core.Params) *openai.Error {
+	v := c.GetHeader(engineapi.PriorityHeader)
+	if v == "" {
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return openai.InvalidRequest("", "header %s must be an integer, not %q", engineapi.PriorityHeader, openai.Echo(v))
+	}
+	p.Priority = n
+	return nil
 }
 
 // kvTokens is the capacity of eng's KV pool in tokens.
