@@ -21,7 +21,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		preemptions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_batch_preemptions_total",
 			Help: "Batch lines cut short and requeued because their capacity was taken back, by cause (interactive, spot)."}, []string{"cause"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_batch_retries_total",
-			Help: "Batch lines requeued after an answer that was not theirs to keep (no capacity, an engine error), by HTTP status."}, []string{"code"}),
+			Help: "Batch lines requeued after an answer that was not theirs to keep (no capacity, an engine error, no answer in time), by HTTP status or timeout."}, []string{"code"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_batch_batches_total",
 			Help: "Batches that reached a final status, by status."}, []string{"status"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "stoke_batch_lines_in_flight",

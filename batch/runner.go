@@ -37,6 +37,8 @@ const (
 	maxServerErrors = 3
 	// retryBackoff bounds the wait before a requeued line runs again.
 	minRetryBackoff, maxRetryBackoff = 250 * time.Millisecond, 10 * time.Second
+	// lineTimeout is the longest one line may take; past it, it runs again.
+	lineTimeout = 10 * time.Minute
 )
 
 // Run runs the batches until ctx ends: it validates new ones, answers
@@ -442,7 +444,9 @@ func (s *Service) runLine(ctx context.Context, b Batch, q *queued, rec *recorder
 		requeue(q, minRetryBackoff)
 		return outcome{}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.Endpoint, bytes.NewReader(q.line.Body))
+	lctx, cancel := context.WithTimeout(ctx, lineTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(lctx, http.MethodPost, b.Endpoint, bytes.NewReader(q.line.Body))
 	if err != nil {
 		requeue(q, minRetryBackoff)
 		return outcome{}
@@ -461,6 +465,11 @@ func (s *Service) runLine(ctx context.Context, b Batch, q *queued, rec *recorder
 		return outcome{refused: true}
 	case ctx.Err() != nil: // stopped: the line stays pending
 		return outcome{}
+	case lctx.Err() != nil: // an engine that never answered
+		q.attempts++
+		s.metrics.retries.WithLabelValues("timeout").Inc()
+		requeue(q, backoffFor(q.attempts))
+		return outcome{refused: true}
 	}
 	status := ans.status
 	switch {
