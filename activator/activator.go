@@ -61,6 +61,9 @@ type Options struct {
 	// stream may run for minutes; only a stalled write fails. Default 30s;
 	// negative turns it off.
 	StreamWriteTimeout time.Duration
+	// Authorize, when set, may refuse a request's model before anything
+	// else (the key's model scope); its error is the answer.
+	Authorize func(ctx context.Context, model string) *openai.Error
 	// Registerer, when set, receives the activator's stoke_* series.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -305,6 +308,12 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 	if ir.Model == "" {
 		writeError(w, openai.InvalidRequest("model", "model is required"), 0)
 		return "", nil, nil
+	}
+	if a.opts.Authorize != nil {
+		if e := a.opts.Authorize(req.Context(), ir.Model); e != nil {
+			writeError(w, e, 0)
+			return "", nil, nil
+		}
 	}
 	_, spec, ok := a.opts.Resolver.Lookup(ir.Model)
 	if !ok {

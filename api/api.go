@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/stokehq/stoke/api/tenancy"
 	"github.com/stokehq/stoke/batch/files"
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
@@ -73,6 +74,14 @@ type Options struct {
 	Files *files.Store
 	// Batches serves /v1/batches; nil leaves those routes unmounted.
 	Batches Batches
+	// Tenancy authenticates keys and serves /admin/tenants and
+	// /admin/keys; nil: no auth at all.
+	Tenancy *tenancy.Service
+	// Auth says when /v1 needs a key (with Tenancy set).
+	Auth AuthMode
+	// AdminOpen leaves /admin open without the admin key (a loopback
+	// serve with no admin key); otherwise /admin takes the admin key.
+	AdminOpen bool
 }
 
 // New returns the API's handler.
@@ -83,6 +92,9 @@ func New(o Options) http.Handler {
 	}
 	r := gin.New()
 	r.Use(gin.Recovery(), requestID())
+	if o.Tenancy != nil && o.Auth != AuthNone {
+		r.Use(authenticate(o.Tenancy, o.Auth, o.AdminOpen))
+	}
 	r.Use(o.Middleware...)
 	r.NoRoute(func(c *gin.Context) {
 		writeError(c, openai.RouteNotFound(c.Request.Method, openai.Echo(c.Request.URL.Path)))
@@ -105,6 +117,9 @@ func New(o Options) http.Handler {
 	}
 	if o.Batches != nil {
 		mountBatches(r, o.Batches, o.MaxBodyBytes)
+	}
+	if o.Tenancy != nil {
+		mountTenancy(r, o.Tenancy, o.MaxBodyBytes)
 	}
 	r.GET("/health", func(c *gin.Context) { c.String(http.StatusOK, "ok") })
 
@@ -151,8 +166,11 @@ func (o Options) listModels(c *gin.Context) {
 		return
 	}
 	list := openai.ModelList{Object: openai.ObjectList, Data: []openai.Model{}}
+	p, _ := tenancy.FromContext(c.Request.Context())
 	for _, d := range ds {
-		list.Data = append(list.Data, modelObject(d))
+		if p.Allows(d.Name) {
+			list.Data = append(list.Data, modelObject(d))
+		}
 	}
 	c.JSON(http.StatusOK, list)
 }
@@ -164,6 +182,10 @@ func (o Options) getModel(c *gin.Context) {
 	id := strings.TrimPrefix(c.Param("id"), "/")
 	if id == "" {
 		o.listModels(c)
+		return
+	}
+	if e := tenancy.AuthorizeModel(c.Request.Context(), id); e != nil {
+		writeError(c, e)
 		return
 	}
 	d, err := o.Deployments.Deployment(c.Request.Context(), id)

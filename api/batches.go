@@ -10,18 +10,27 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/stokehq/stoke/api/tenancy"
 	"github.com/stokehq/stoke/batch"
 	"github.com/stokehq/stoke/batch/files"
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
 )
 
-// Batches is what /v1/batches serves (batch.Service).
+// Batches is what /v1/batches serves (batch.Service). Each method takes
+// the caller's owner (tenancy.Owner) and sees only that owner's batches
+// and input files: another owner's is batch.ErrNotFound
+// (files.ErrNotFound for Create's input file), as an unknown id is.
 type Batches interface {
-	Create(ctx context.Context, req batch.CreateRequest) (batch.Batch, error)
-	Get(ctx context.Context, id string) (batch.Batch, error)
-	List(ctx context.Context, after string, limit int) ([]batch.Batch, bool, error)
-	Cancel(ctx context.Context, id string) (batch.Batch, error)
+	// Create records a batch of owner from owner's input file.
+	Create(ctx context.Context, owner string, req batch.CreateRequest) (batch.Batch, error)
+	// Get returns owner's batch id.
+	Get(ctx context.Context, owner, id string) (batch.Batch, error)
+	// List returns a page of owner's batches, newest first, after the
+	// batch after, and whether more follow.
+	List(ctx context.Context, owner, after string, limit int) ([]batch.Batch, bool, error)
+	// Cancel cancels owner's batch id.
+	Cancel(ctx context.Context, owner, id string) (batch.Batch, error)
 }
 
 // Page sizes of GET /v1/batches, as OpenAI's.
@@ -99,7 +108,8 @@ func toBatchObject(b batch.Batch) batchObject {
 	return out
 }
 
-// mountBatches serves /v1/batches on r from bs.
+// mountBatches serves /v1/batches on r from bs, each request as its
+// tenant (tenancy.Owner).
 func mountBatches(r *gin.Engine, bs Batches, maxBody int64) {
 	h := batchesHandler{bs: bs, maxBody: maxBody}
 	r.POST("/v1/batches", h.create)
@@ -142,7 +152,11 @@ func (h batchesHandler) create(c *gin.Context) {
 		writeError(c, e)
 		return
 	}
-	b, err := h.bs.Create(c.Request.Context(), req)
+	ctx := c.Request.Context()
+	if p, ok := tenancy.FromContext(ctx); ok {
+		req.Models = p.Models // the lines may name only what the key may use
+	}
+	b, err := h.bs.Create(ctx, tenancy.Owner(ctx), req)
 	if err != nil {
 		writeError(c, batchError(req.InputFileID, err))
 		return
@@ -151,7 +165,8 @@ func (h batchesHandler) create(c *gin.Context) {
 }
 
 func (h batchesHandler) get(c *gin.Context) {
-	b, err := h.bs.Get(c.Request.Context(), c.Param("id"))
+	ctx := c.Request.Context()
+	b, err := h.bs.Get(ctx, tenancy.Owner(ctx), c.Param("id"))
 	if err != nil {
 		writeError(c, batchError(c.Param("id"), err))
 		return
@@ -171,7 +186,8 @@ func (h batchesHandler) list(c *gin.Context) {
 		limit = n
 	}
 	after := c.Query("after")
-	page, more, err := h.bs.List(c.Request.Context(), after, limit)
+	ctx := c.Request.Context()
+	page, more, err := h.bs.List(ctx, tenancy.Owner(ctx), after, limit)
 	if errors.Is(err, batch.ErrNotFound) {
 		writeError(c, openai.InvalidRequest("after", "after: no batch %s", openai.Echo(after)))
 		return
@@ -184,7 +200,8 @@ func (h batchesHandler) list(c *gin.Context) {
 }
 
 func (h batchesHandler) cancel(c *gin.Context) {
-	b, err := h.bs.Cancel(c.Request.Context(), c.Param("id"))
+	ctx := c.Request.Context()
+	b, err := h.bs.Cancel(ctx, tenancy.Owner(ctx), c.Param("id"))
 	if err != nil {
 		writeError(c, batchError(c.Param("id"), err))
 		return

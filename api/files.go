@@ -10,6 +10,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/stokehq/stoke/api/tenancy"
 	"github.com/stokehq/stoke/batch/files"
 	"github.com/stokehq/stoke/internal/openai"
 )
@@ -40,7 +41,9 @@ func toFileObject(f files.File) fileObject {
 		Purpose: f.Purpose, Status: "processed"}
 }
 
-// mountFiles serves /v1/files on r from fs.
+// mountFiles serves /v1/files on r from fs. Each request sees only the
+// files of its tenant (tenancy.Owner): another tenant's file is answered
+// as an unknown one.
 func mountFiles(r *gin.Engine, fs *files.Store) {
 	h := filesHandler{fs}
 	r.POST("/v1/files", h.upload)
@@ -146,7 +149,7 @@ func (h filesHandler) upload(c *gin.Context) {
 				fail(openai.InvalidRequest("file", "send one file part only"))
 				return
 			}
-			if up, err = h.fs.Stage(ctx, part.FileName(), part); err != nil {
+			if up, err = h.fs.Stage(ctx, tenancy.Owner(ctx), part.FileName(), part); err != nil {
 				fail(fileError("", err))
 				return
 			}
@@ -192,7 +195,8 @@ func (h filesHandler) list(c *gin.Context) {
 		writeError(c, openai.InvalidRequest("order", "order must be asc or desc"))
 		return
 	}
-	page, more, err := h.fs.List(c.Request.Context(), o)
+	ctx := c.Request.Context()
+	page, more, err := h.fs.List(ctx, tenancy.Owner(ctx), o)
 	if errors.Is(err, files.ErrNotFound) {
 		writeError(c, openai.InvalidRequest("after", "after: no file %s", openai.Echo(o.After)))
 		return
@@ -228,7 +232,8 @@ func newCursorPage[R, T any](items []R, more bool, object func(R) T, id func(T) 
 }
 
 func (h filesHandler) get(c *gin.Context) {
-	f, err := h.fs.Get(c.Request.Context(), c.Param("id"))
+	ctx := c.Request.Context()
+	f, err := h.fs.Get(ctx, tenancy.Owner(ctx), c.Param("id"))
 	if err != nil {
 		writeError(c, fileError(c.Param("id"), err))
 		return
@@ -238,7 +243,8 @@ func (h filesHandler) get(c *gin.Context) {
 
 // content serves GET /v1/files/{id}/content: the bytes as uploaded.
 func (h filesHandler) content(c *gin.Context) {
-	f, rc, err := h.fs.Open(c.Request.Context(), c.Param("id"))
+	ctx := c.Request.Context()
+	f, rc, err := h.fs.Open(ctx, tenancy.Owner(ctx), c.Param("id"))
 	if err != nil {
 		writeError(c, fileError(c.Param("id"), err))
 		return
@@ -253,7 +259,8 @@ func (h filesHandler) content(c *gin.Context) {
 }
 
 func (h filesHandler) delete(c *gin.Context) {
-	f, err := h.fs.Delete(c.Request.Context(), c.Param("id"))
+	ctx := c.Request.Context()
+	f, err := h.fs.Delete(ctx, tenancy.Owner(ctx), c.Param("id"))
 	if err != nil && f.ID == "" {
 		writeError(c, fileError(c.Param("id"), err))
 		return

@@ -12,6 +12,12 @@
 // batch from its records. Output and error files are written from the
 // records alone, so each custom_id appears in exactly one of them, once.
 //
+// Every batch has an owner (a tenant's id; "" while auth is off), its
+// creator's. Create, Get, List and Cancel take the caller's owner and see
+// only that owner's batches and input files: another owner's is not found,
+// exactly as an unknown id is. The runner works on every owner's batches
+// and writes each one's files with the batch's owner.
+//
 // Service has no HTTP in it; api/ serves it.
 package batch
 
@@ -55,7 +61,7 @@ const (
 
 // Sentinel errors, matched with errors.Is. Read-only.
 var (
-	// ErrNotFound reports an unknown batch id.
+	// ErrNotFound reports an unknown batch id, or another owner's.
 	ErrNotFound = errors.New("no such batch")
 	// ErrInvalid reports a create request with a bad field; the error
 	// says which (see InvalidError).
@@ -172,11 +178,15 @@ type CreateRequest struct {
 	Endpoint         string            `json:"endpoint"`
 	CompletionWindow string            `json:"completion_window"`
 	Metadata         map[string]string `json:"metadata"`
+	// Models, when set, are the only models the lines may name: the scope
+	// of the key creating the batch (not part of the body).
+	Models []string `json:"-"`
 }
 
-// Create records a new batch (validating) and wakes the runner. A bad
-// field is an *InvalidError; an unknown input file wraps files.ErrNotFound.
-func (s *Service) Create(ctx context.Context, req CreateRequest) (Batch, error) {
+// Create records a new batch of owner (validating) and wakes the runner. A
+// bad field is an *InvalidError; an unknown input file, or another
+// owner's, wraps files.ErrNotFound.
+func (s *Service) Create(ctx context.Context, owner string, req CreateRequest) (Batch, error) {
 	switch {
 	case req.InputFileID == "":
 		return Batch{}, invalid("input_file_id", "missing required parameter: input_file_id")
@@ -197,7 +207,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Batch, error) 
 			return Batch{}, invalid("metadata", "metadata keys are at most %d characters, values at most %d", maxMetadataKey, maxMetadataValue)
 		}
 	}
-	f, err := s.o.Files.Get(ctx, req.InputFileID)
+	f, err := s.o.Files.Get(ctx, owner, req.InputFileID)
 	if err != nil {
 		return Batch{}, err
 	}
@@ -210,7 +220,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Batch, error) 
 		return Batch{}, err
 	}
 	now := s.o.Now().UTC().Round(0)
-	b := Batch{ID: id, InputFileID: f.ID, Endpoint: req.Endpoint, CompletionWindow: req.CompletionWindow,
+	b := Batch{ID: id, Owner: owner, Models: req.Models, InputFileID: f.ID, Endpoint: req.Endpoint, CompletionWindow: req.CompletionWindow,
 		CreatedAt: now, ExpiresAt: now.Add(window)}
 	if len(req.Metadata) > 0 {
 		if b.Metadata, err = json.Marshal(req.Metadata); err != nil {
@@ -221,34 +231,45 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Batch, error) 
 		return Batch{}, fmt.Errorf("create batch: %w", err)
 	}
 	s.wake()
-	return s.Get(ctx, id)
+	return s.Get(ctx, owner, id)
 }
 
-// Get returns the batch id, or an error wrapping ErrNotFound.
-func (s *Service) Get(ctx context.Context, id string) (Batch, error) {
+// Get returns owner's batch id, or an error wrapping ErrNotFound (for
+// another owner's batch too).
+func (s *Service) Get(ctx context.Context, owner, id string) (Batch, error) {
 	b, err := s.o.Store.Batch(ctx, id)
+	if err == nil && b.Owner != owner {
+		err = store.ErrNotFound
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return Batch{}, fmt.Errorf("batch %s: %w", id, ErrNotFound)
 	}
-	return b, err
+	if err != nil {
+		return Batch{}, err // the state store's, which names the batch
+	}
+	return b, nil
 }
 
-// List returns a page of batches, newest first, starting after the batch
-// after (an unknown one wraps ErrNotFound), and whether more follow.
-func (s *Service) List(ctx context.Context, after string, limit int) ([]Batch, bool, error) {
-	page, more, err := s.o.Store.Batches(ctx, store.BatchQuery{After: after, Limit: limit})
+// List returns a page of owner's batches, newest first, starting after
+// the batch after (an unknown one, or another owner's, wraps ErrNotFound),
+// and whether more follow.
+func (s *Service) List(ctx context.Context, owner, after string, limit int) ([]Batch, bool, error) {
+	page, more, err := s.o.Store.Batches(ctx, store.BatchQuery{Owner: owner, After: after, Limit: limit})
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, false, fmt.Errorf("list batches after %s: %w", after, ErrNotFound)
 	}
 	return page, more, err
 }
 
-// Cancel moves the batch id to cancelling and stops its lines; the runner
-// then records its unfinished lines as cancelled, writes its files and
-// moves it to cancelled. A batch that has finished (or is finalizing) is
-// ErrNotCancellable; cancelling one already cancelling returns it as is.
-func (s *Service) Cancel(ctx context.Context, id string) (Batch, error) {
-	b, err := s.Get(ctx, id)
+// Cancel moves owner's batch id to cancelling and stops its lines; the
+// runner then records its unfinished lines as cancelled, writes its files
+// and moves it to cancelled. Another owner's batch is ErrNotFound; a batch
+// that has finished (or is finalizing) is ErrNotCancellable; cancelling
+// one already cancelling returns it as is.
+func (s *Service) Cancel(ctx context.Context, owner, id string) (Batch, error) {
+	// The owner is checked before the move: a batch's owner never changes
+	// and its id is never reused, so the check holds for it.
+	b, err := s.Get(ctx, owner, id)
 	if err != nil {
 		return Batch{}, err
 	}
@@ -257,7 +278,7 @@ func (s *Service) Cancel(ctx context.Context, id string) (Batch, error) {
 	}
 	b, err = s.o.Store.MoveBatch(ctx, id, store.BatchCancelling, store.BatchUpdate{})
 	if errors.Is(err, store.ErrIllegalTransition) {
-		cur, _ := s.Get(ctx, id)
+		cur, _ := s.Get(ctx, owner, id)
 		return Batch{}, fmt.Errorf("%w: batch %s is %s", ErrNotCancellable, id, cur.Status)
 	}
 	if err != nil {

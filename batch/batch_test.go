@@ -116,9 +116,19 @@ func input(n, maxTokens int) string {
 	return b.String()
 }
 
+// owner owns the rig's files and batches (upload, create, results): a
+// tenant, so that the runner's use of the batch's owner is exercised.
+const owner = "tenant-t"
+
 func (r *rig) upload(t *testing.T, content string) string {
 	t.Helper()
-	f, err := r.fs.Create(context.Background(), "in.jsonl", files.PurposeBatch, strings.NewReader(content))
+	return r.uploadAs(t, owner, content)
+}
+
+// uploadAs uploads content as a file of own.
+func (r *rig) uploadAs(t *testing.T, own, content string) string {
+	t.Helper()
+	f, err := r.fs.Create(context.Background(), own, "in.jsonl", files.PurposeBatch, strings.NewReader(content))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +137,13 @@ func (r *rig) upload(t *testing.T, content string) string {
 
 func create(t *testing.T, s *Service, fileID string, window string) Batch {
 	t.Helper()
-	b, err := s.Create(context.Background(), CreateRequest{InputFileID: fileID, Endpoint: "/v1/chat/completions", CompletionWindow: window})
+	return createAs(t, s, owner, fileID, window)
+}
+
+// createAs creates a batch of own from fileID.
+func createAs(t *testing.T, s *Service, own, fileID string, window string) Batch {
+	t.Helper()
+	b, err := s.Create(context.Background(), own, CreateRequest{InputFileID: fileID, Endpoint: "/v1/chat/completions", CompletionWindow: window})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +177,7 @@ func (r *rig) results(t *testing.T, fileID string, seen map[string]int) map[stri
 	if fileID == "" {
 		return out
 	}
-	_, rc, err := r.fs.Open(context.Background(), fileID)
+	_, rc, err := r.fs.Open(context.Background(), owner, fileID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,17 +304,90 @@ func TestBatchCreateErrors(t *testing.T) {
 		{"no file", CreateRequest{Endpoint: "/v1/completions", CompletionWindow: "24h"}, ErrInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := s.Create(context.Background(), tc.req); !errors.Is(err, tc.want) {
+			if _, err := s.Create(context.Background(), owner, tc.req); !errors.Is(err, tc.want) {
 				t.Fatalf("err %v, want %v", err, tc.want)
 			}
 		})
 	}
 	b := waitFinal(t, r.st, create(t, s, file, DefaultWindow).ID, 30*time.Second)
-	if _, err := s.Cancel(context.Background(), b.ID); !errors.Is(err, ErrNotCancellable) {
+	if _, err := s.Cancel(context.Background(), owner, b.ID); !errors.Is(err, ErrNotCancellable) {
 		t.Fatalf("cancel of a %s batch: %v", b.Status, err)
 	}
-	if _, err := s.Cancel(context.Background(), "batch_nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Cancel(context.Background(), owner, "batch_nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("cancel of an unknown batch: %v", err)
+	}
+}
+
+// TestBatchOwners: a batch belongs to its creator, who alone can get,
+// list and cancel it, and whose input file it must be; the runner reads
+// the input and writes the output as the batch's owner. Another owner's
+// batch or file is not found, with the same message as an unknown id.
+func TestBatchOwners(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, 1, 8)
+	s, _ := r.service(t)
+	const a, b = "tenant-a", "tenant-b"
+	fileA := r.uploadAs(t, a, input(3, 2))
+	if _, err := s.Create(ctx, b, CreateRequest{InputFileID: fileA, Endpoint: "/v1/chat/completions", CompletionWindow: DefaultWindow}); !errors.Is(err, files.ErrNotFound) ||
+		err.Error() != "file "+fileA+": no such file" {
+		t.Fatalf("create by %s from %s's file: %v, want files.ErrNotFound as for an unknown file", b, a, err)
+	}
+	ba := createAs(t, s, a, fileA, DefaultWindow)
+	if ba.Owner != a {
+		t.Fatalf("created batch owner %q, want %q", ba.Owner, a)
+	}
+	// Nobody's batch (auth off): "" is an owner like any other.
+	bn := createAs(t, s, "", r.uploadAs(t, "", input(1, 2)), DefaultWindow)
+
+	wantNotFound := func(what string, err error, id string) {
+		t.Helper()
+		if !errors.Is(err, ErrNotFound) || err.Error() != "batch "+id+": no such batch" {
+			t.Errorf("%s: %v, want ErrNotFound as for an unknown batch", what, err)
+		}
+	}
+	// Refused while it runs: the cancel must change nothing.
+	_, err := s.Cancel(ctx, b, ba.ID)
+	wantNotFound("cancel by another owner", err, ba.ID)
+	_, err = s.Get(ctx, b, ba.ID)
+	wantNotFound("get by another owner", err, ba.ID)
+	_, err = s.Get(ctx, "", ba.ID)
+	wantNotFound("get by no owner", err, ba.ID)
+	_, err = s.Get(ctx, a, bn.ID)
+	wantNotFound("get of no owner's by a tenant", err, bn.ID)
+	_, err = s.Cancel(ctx, a, "batch_nope")
+	wantNotFound("cancel of an unknown batch", err, "batch_nope")
+	if _, _, err := s.List(ctx, b, ba.ID, 10); !errors.Is(err, ErrNotFound) {
+		t.Errorf("list by %s after %s's batch: %v, want ErrNotFound", b, a, err)
+	}
+	for own, want := range map[string][]string{a: {ba.ID}, "": {bn.ID}, b: nil} {
+		page, more, err := s.List(ctx, own, "", 10)
+		var ids []string
+		for _, x := range page {
+			ids = append(ids, x.ID)
+		}
+		if err != nil || more || fmt.Sprint(ids) != fmt.Sprint(want) {
+			t.Errorf("list by %q = %v more=%v (%v), want %v", own, ids, more, err, want)
+		}
+	}
+
+	done := waitFinal(t, r.st, ba.ID, time.Minute)
+	if done.Status != store.BatchCompleted || done.Owner != a {
+		t.Fatalf("batch ended %s with owner %q, want completed, %q", done.Status, done.Owner, a)
+	}
+	out, err := r.fs.Get(ctx, a, done.OutputFileID)
+	if err != nil || out.Owner != a || out.Purpose != files.PurposeBatchOutput {
+		t.Fatalf("output file for its owner = %+v, %v", out, err)
+	}
+	if _, err := r.fs.Get(ctx, b, done.OutputFileID); !errors.Is(err, files.ErrNotFound) {
+		t.Errorf("output file for another owner: %v, want files.ErrNotFound", err)
+	}
+	if got, err := s.Get(ctx, a, ba.ID); err != nil || got.Status != store.BatchCompleted {
+		t.Errorf("get by its owner = %+v, %v", got, err)
+	}
+	if done := waitFinal(t, r.st, bn.ID, time.Minute); done.Status != store.BatchCompleted {
+		t.Errorf("no owner's batch ended %s", done.Status)
+	} else if out, err := r.fs.Get(ctx, "", done.OutputFileID); err != nil || out.Owner != "" {
+		t.Errorf("no owner's output file = %+v, %v", out, err)
 	}
 }
 
@@ -312,7 +401,7 @@ func TestBatchCancelExpireResume(t *testing.T) {
 		s, _ := r.service(t)
 		b := create(t, s, r.upload(t, input(n, 32)), DefaultWindow)
 		waitLines(t, r.st, b.ID, 5)
-		if _, err := s.Cancel(context.Background(), b.ID); err != nil {
+		if _, err := s.Cancel(context.Background(), owner, b.ID); err != nil {
 			t.Fatal(err)
 		}
 		b = waitFinal(t, r.st, b.ID, time.Minute)
@@ -408,5 +497,24 @@ func TestInteractivePreemptsBatch(t *testing.T) {
 	r.checkExactlyOnce(t, b, n)
 	if got := testutil.ToFloat64(s.metrics.preemptions.WithLabelValues(activator.PreemptInteractive)); got == 0 {
 		t.Error("no batch line was preempted by interactive requests on a full replica")
+	}
+}
+
+// TestBatchKeepsToTheKeysModels: a batch created by a key scoped to some
+// models fails validation on a line naming another (as the key's own
+// request would get 404 model_not_found), even one that is served.
+func TestBatchKeepsToTheKeysModels(t *testing.T) {
+	r := newRig(t, 1, 8)
+	s, _ := r.service(t)
+	b, err := s.Create(context.Background(), owner, CreateRequest{InputFileID: r.upload(t, input(2, 1)), Endpoint: "/v1/chat/completions",
+		CompletionWindow: DefaultWindow, Models: []string{"another"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = waitFinal(t, r.st, b.ID, 30*time.Second)
+	var errs []LineError
+	json.Unmarshal(b.Errors, &errs)
+	if b.Status != store.BatchFailed || len(errs) != 2 || errs[0].Code != "model_not_found" {
+		t.Fatalf("batch %s with errors %+v", b.Status, errs)
 	}
 }

@@ -225,7 +225,7 @@ func (s *Service) closeLines(ctx context.Context, b Batch, code string) error {
 }
 
 // writeResults writes the results of b's lines in state into a new
-// batch_output file, in line order, and returns its id.
+// batch_output file of b's owner, in line order, and returns its id.
 func (s *Service) writeResults(ctx context.Context, b Batch, state store.LineState, name string) (string, error) {
 	pr, pw := io.Pipe()
 	go func() {
@@ -244,7 +244,7 @@ func (s *Service) writeResults(ctx context.Context, b Batch, state store.LineSta
 			}
 		}
 	}()
-	f, err := s.o.Files.CreateOutput(ctx, name, pr)
+	f, err := s.o.Files.CreateOutput(ctx, b.Owner, name, pr)
 	pr.CloseWithError(io.ErrClosedPipe) // stops the writer if CreateOutput gave up early
 	if err != nil {
 		return "", fmt.Errorf("write %s of batch %s: %w", name, b.ID, err)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/stokehq/stoke/internal/store"
 )
@@ -39,7 +40,7 @@ type inputLine struct {
 // naming a served model; streaming is refused (a batch line's answer is
 // one JSON body).
 func (s *Service) validate(ctx context.Context, b Batch) ([]store.BatchLine, []LineError, error) {
-	_, rc, err := s.o.Files.Open(ctx, b.InputFileID)
+	_, rc, err := s.o.Files.Open(ctx, b.Owner, b.InputFileID)
 	if err != nil {
 		return nil, []LineError{{Code: "invalid_input_file", Message: "the input file " + b.InputFileID + " cannot be read: " + err.Error()}}, nil
 	}
@@ -66,7 +67,7 @@ func (s *Service) validate(ctx context.Context, b Batch) ([]store.BatchLine, []L
 			return nil, nil, fmt.Errorf("read input file %s: %w", b.InputFileID, err)
 		}
 		if text := bytes.TrimSpace(raw); len(text) > 0 {
-			if l, ok := s.checkLine(n, text, b.Endpoint, seen, fail); ok {
+			if l, ok := s.checkLine(n, text, b, seen, fail); ok {
 				lines = append(lines, l)
 			}
 		}
@@ -84,8 +85,9 @@ func (s *Service) validate(ctx context.Context, b Batch) ([]store.BatchLine, []L
 }
 
 // checkLine checks one non-empty line; fail records its errors.
-func (s *Service) checkLine(n int, text []byte, endpoint string, seen map[string]int,
+func (s *Service) checkLine(n int, text []byte, b Batch, seen map[string]int,
 	fail func(line int, code, param, format string, args ...any)) (store.BatchLine, bool) {
+	endpoint := b.Endpoint
 	var in inputLine
 	dec := json.NewDecoder(bytes.NewReader(text))
 	if err := dec.Decode(&in); err != nil || dec.More() {
@@ -120,7 +122,7 @@ func (s *Service) checkLine(n int, text []byte, endpoint string, seen map[string
 	if err := json.Unmarshal(body["model"], &model); err != nil || model == "" {
 		fail(n, "missing_required_parameter", "body.model", "body.model is required")
 		ok = false
-	} else if !s.o.Models.Known(model) {
+	} else if !s.o.Models.Known(model) || len(b.Models) > 0 && !slices.Contains(b.Models, model) {
 		fail(n, "model_not_found", "body.model", "the model %q does not exist", model)
 		ok = false
 	}

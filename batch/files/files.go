@@ -12,6 +12,11 @@
 // Upload checks size, line count and the .jsonl name, as OpenAI does; the
 // lines themselves (JSON, custom_id, method, url, body) are checked when a
 // batch is created from the file (its "validating" status).
+//
+// Every file has an owner (a tenant's id; "" while auth is off), given
+// when it is created. Get, Open, Delete and List take the caller's owner
+// and see only that owner's files: another owner's file is ErrNotFound,
+// exactly as an unknown id is.
 package files
 
 import (
@@ -50,7 +55,7 @@ const IDPrefix = "file-"
 
 // Sentinel errors, matched with errors.Is. Read-only.
 var (
-	// ErrNotFound reports an unknown file id.
+	// ErrNotFound reports an unknown file id, or another owner's.
 	ErrNotFound = errors.New("no such file")
 	// ErrTooLarge reports a file over the byte limit.
 	ErrTooLarge = errors.New("file too large")
@@ -122,13 +127,13 @@ func CheckPurpose(purpose string) error {
 	return nil
 }
 
-// Create stores the content of r as a new file named name: Stage, then
-// Commit.
-func (s *Store) Create(ctx context.Context, name, purpose string, r io.Reader) (File, error) {
+// Create stores the content of r as a new file of owner named name:
+// Stage, then Commit.
+func (s *Store) Create(ctx context.Context, owner, name, purpose string, r io.Reader) (File, error) {
 	if err := CheckPurpose(purpose); err != nil {
 		return File{}, fmt.Errorf("create file %q: %w", name, err)
 	}
-	u, err := s.Stage(ctx, name, r)
+	u, err := s.Stage(ctx, owner, name, r)
 	if err != nil {
 		return File{}, err
 	}
@@ -143,15 +148,16 @@ type Upload struct {
 }
 
 // Stage streams r into the blob store under a new id, counting its bytes
-// and lines; past a limit (ErrTooLarge, ErrTooManyLines) nothing is left
-// behind. It lets a caller read the content before the purpose (a
-// multipart form may send them in either order).
-func (s *Store) Stage(ctx context.Context, name string, r io.Reader) (*Upload, error) {
-	return s.stage(ctx, name, r, s.o.MaxBytes, s.o.MaxLines)
+// and lines, for a file of owner that Commit records; past a limit
+// (ErrTooLarge, ErrTooManyLines) nothing is left behind. It lets a caller
+// read the content before the purpose (a multipart form may send them in
+// either order).
+func (s *Store) Stage(ctx context.Context, owner, name string, r io.Reader) (*Upload, error) {
+	return s.stage(ctx, owner, name, r, s.o.MaxBytes, s.o.MaxLines)
 }
 
 // stage is Stage with the limits given.
-func (s *Store) stage(ctx context.Context, name string, r io.Reader, maxBytes int64, maxLines int) (*Upload, error) {
+func (s *Store) stage(ctx context.Context, owner, name string, r io.Reader, maxBytes int64, maxLines int) (*Upload, error) {
 	if name == "" {
 		return nil, fmt.Errorf("stage file: %w: no filename", ErrBadFile)
 	}
@@ -159,7 +165,7 @@ func (s *Store) stage(ctx context.Context, name string, r io.Reader, maxBytes in
 	if err != nil {
 		return nil, fmt.Errorf("stage file %q: %w", name, err)
 	}
-	f := File{ID: id, Filename: name, BlobKey: id}
+	f := File{ID: id, Owner: owner, Filename: name, BlobKey: id}
 	cr := &counter{r: r, maxBytes: maxBytes, maxLines: maxLines}
 	if err := s.put(ctx, f.BlobKey, cr); err != nil {
 		// A limit error may have been wrapped by the blob store; report it
@@ -195,8 +201,9 @@ func (s *Store) put(ctx context.Context, key string, cr *counter) error {
 	return s.o.Blobs.Put(ctx, key, tmp, cr.n)
 }
 
-// Commit records the file with purpose and returns it; on an error
-// (ErrPurpose, ErrBadFile, the state store's) its content is removed.
+// Commit records the file, of the owner it was staged for, with purpose
+// and returns it; on an error (ErrPurpose, ErrBadFile, the state store's)
+// its content is removed.
 func (u *Upload) Commit(ctx context.Context, purpose string) (File, error) {
 	f := u.f
 	f.Purpose = purpose
@@ -220,12 +227,12 @@ func (u *Upload) Commit(ctx context.Context, purpose string) (File, error) {
 	return f, nil
 }
 
-// CreateOutput stores the content of r as a new file named name with
-// purpose batch_output: a batch's output or error file, written by the
-// platform, so without the upload limits (an answer is longer than its
-// request).
-func (s *Store) CreateOutput(ctx context.Context, name string, r io.Reader) (File, error) {
-	u, err := s.stage(ctx, name, r, math.MaxInt64, math.MaxInt)
+// CreateOutput stores the content of r as a new file of owner (the
+// batch's) named name with purpose batch_output: a batch's output or error
+// file, written by the platform, so without the upload limits (an answer
+// is longer than its request).
+func (s *Store) CreateOutput(ctx context.Context, owner, name string, r io.Reader) (File, error) {
+	u, err := s.stage(ctx, owner, name, r, math.MaxInt64, math.MaxInt)
 	if err != nil {
 		return File{}, err
 	}
@@ -247,28 +254,34 @@ func (u *Upload) Abort(ctx context.Context) error {
 	return nil
 }
 
-// Get returns the file id, or an error wrapping ErrNotFound.
-func (s *Store) Get(ctx context.Context, id string) (File, error) {
+// Get returns owner's file id, or an error wrapping ErrNotFound (for
+// another owner's file too).
+func (s *Store) Get(ctx context.Context, owner, id string) (File, error) {
 	f, err := s.o.Meta.File(ctx, id)
+	if err == nil && f.Owner != owner {
+		err = store.ErrNotFound
+	}
 	if err != nil {
 		return File{}, notFound(id, err)
 	}
 	return f, nil
 }
 
+// notFound is err, turned into ErrNotFound (with nothing of the owner's
+// in it) when it wraps the state store's.
 func notFound(id string, err error) error {
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("file %s: %w", id, ErrNotFound)
 	}
-	return err
+	return err // the state store's, which names the file
 }
 
 // ListOptions select a page of List.
 type ListOptions struct {
 	// Purpose keeps only files of this purpose; empty keeps all.
 	Purpose string
-	// After is the id the page starts after (an unknown one is
-	// ErrNotFound).
+	// After is the id the page starts after (an unknown one, or another
+	// owner's, is ErrNotFound).
 	After string
 	// Limit is the page's most files (at least 1).
 	Limit int
@@ -276,19 +289,19 @@ type ListOptions struct {
 	Asc bool
 }
 
-// List returns a page of files and whether more follow.
-func (s *Store) List(ctx context.Context, o ListOptions) ([]File, bool, error) {
-	page, more, err := s.o.Meta.Files(ctx, store.FileQuery{Purpose: o.Purpose, After: o.After, Limit: o.Limit, Desc: !o.Asc})
+// List returns a page of owner's files and whether more follow.
+func (s *Store) List(ctx context.Context, owner string, o ListOptions) ([]File, bool, error) {
+	page, more, err := s.o.Meta.Files(ctx, store.FileQuery{Owner: owner, Purpose: o.Purpose, After: o.After, Limit: o.Limit, Desc: !o.Asc})
 	if err != nil {
 		return nil, false, notFound(o.After, err)
 	}
 	return page, more, nil
 }
 
-// Open returns the file id and a reader of its content, which the caller
-// closes.
-func (s *Store) Open(ctx context.Context, id string) (File, io.ReadCloser, error) {
-	f, err := s.Get(ctx, id)
+// Open returns owner's file id and a reader of its content, which the
+// caller closes; another owner's file is ErrNotFound.
+func (s *Store) Open(ctx context.Context, owner, id string) (File, io.ReadCloser, error) {
+	f, err := s.Get(ctx, owner, id)
 	if err != nil {
 		return File{}, nil, err
 	}
@@ -299,9 +312,16 @@ func (s *Store) Open(ctx context.Context, id string) (File, io.ReadCloser, error
 	return f, rc, nil
 }
 
-// Delete removes the file id: its row first (it is no longer listed), then
-// its content (a crash in between leaves garbage for Sweep).
-func (s *Store) Delete(ctx context.Context, id string) (File, error) {
+// Delete removes owner's file id (another owner's is ErrNotFound): its row
+// first (it is no longer listed), then its content (a crash in between
+// leaves garbage for Sweep).
+func (s *Store) Delete(ctx context.Context, owner, id string) (File, error) {
+	// The owner is checked before the row goes: a file's owner never
+	// changes and its id is never reused, so the check holds for the
+	// delete.
+	if _, err := s.Get(ctx, owner, id); err != nil {
+		return File{}, err
+	}
 	f, err := s.o.Meta.DeleteFile(ctx, id)
 	if err != nil {
 		return File{}, notFound(id, err)

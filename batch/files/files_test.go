@@ -56,15 +56,16 @@ func newStore(t *testing.T, b bucket.Bucket, o Options) (*Store, *store.Store) {
 	return s, st
 }
 
-// assertEmpty fails unless the blob store and the state store hold nothing.
-func assertEmpty(t *testing.T, s *Store, b bucket.Bucket) {
+// assertEmpty fails unless the blob store holds nothing and owner has no
+// file listed.
+func assertEmpty(t *testing.T, s *Store, b bucket.Bucket, owner string) {
 	t.Helper()
 	ctx := context.Background()
 	objs, err := b.List(ctx, "")
 	if err != nil || len(objs) != 0 {
 		t.Errorf("blob store holds %v (%v), want nothing", objs, err)
 	}
-	page, _, err := s.List(ctx, ListOptions{Limit: 10})
+	page, _, err := s.List(ctx, owner, ListOptions{Limit: 10})
 	if err != nil || len(page) != 0 {
 		t.Errorf("files listed %v (%v), want none", page, err)
 	}
@@ -78,21 +79,22 @@ func TestStore(t *testing.T) {
 			ctx := context.Background()
 			b := open(t)
 			s, _ := newStore(t, b, Options{MaxBytes: 4 * int64(len(line)), MaxLines: 3})
+			const own = "tenant-a"
 			content := strings.Repeat(line, 3)
 			// One byte at a time: the counting must not depend on read sizes.
-			f, err := s.Create(ctx, "in.jsonl", PurposeBatch, iotest.OneByteReader(strings.NewReader(content)))
+			f, err := s.Create(ctx, own, "in.jsonl", PurposeBatch, iotest.OneByteReader(strings.NewReader(content)))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !regexp.MustCompile(`^file-[a-z2-7]{26}$`).MatchString(f.ID) || f.Bytes != int64(len(content)) || f.Lines != 3 ||
-				f.Filename != "in.jsonl" || f.Purpose != "batch" || f.CreatedAt.IsZero() {
+				f.Filename != "in.jsonl" || f.Purpose != "batch" || f.Owner != own || f.CreatedAt.IsZero() {
 				t.Errorf("Create = %+v", f)
 			}
-			got, err := s.Get(ctx, f.ID)
+			got, err := s.Get(ctx, own, f.ID)
 			if err != nil || got != f {
 				t.Errorf("Get = %+v, %v; want %+v", got, err, f)
 			}
-			_, rc, err := s.Open(ctx, f.ID)
+			_, rc, err := s.Open(ctx, own, f.ID)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -117,7 +119,7 @@ func TestStore(t *testing.T) {
 				{"bad purpose", "fine-tune", "a.jsonl", line, ErrPurpose},
 			} {
 				t.Run(c.name, func(t *testing.T) {
-					_, err := s.Create(ctx, c.fname, c.purpose, strings.NewReader(c.content))
+					_, err := s.Create(ctx, own, c.fname, c.purpose, strings.NewReader(c.content))
 					if !errors.Is(err, c.want) {
 						t.Fatalf("Create: %v, want %v", err, c.want)
 					}
@@ -128,27 +130,117 @@ func TestStore(t *testing.T) {
 				})
 			}
 			// A stream that fails midway leaves nothing either.
-			if _, err := s.Create(ctx, "a.jsonl", "batch", io.MultiReader(strings.NewReader(line), iotest.ErrReader(io.ErrUnexpectedEOF))); !errors.Is(err, io.ErrUnexpectedEOF) {
+			if _, err := s.Create(ctx, own, "a.jsonl", "batch", io.MultiReader(strings.NewReader(line), iotest.ErrReader(io.ErrUnexpectedEOF))); !errors.Is(err, io.ErrUnexpectedEOF) {
 				t.Errorf("Create of a failing stream: %v", err)
 			}
 
-			if _, err := s.Delete(ctx, f.ID); err != nil {
+			if _, err := s.Delete(ctx, own, f.ID); err != nil {
 				t.Fatal(err)
 			}
 			for what, err := range map[string]error{
-				"Get":    func() error { _, err := s.Get(ctx, f.ID); return err }(),
-				"Open":   func() error { _, _, err := s.Open(ctx, f.ID); return err }(),
-				"Delete": func() error { _, err := s.Delete(ctx, f.ID); return err }(),
+				"Get":    func() error { _, err := s.Get(ctx, own, f.ID); return err }(),
+				"Open":   func() error { _, _, err := s.Open(ctx, own, f.ID); return err }(),
+				"Delete": func() error { _, err := s.Delete(ctx, own, f.ID); return err }(),
 			} {
 				if !errors.Is(err, ErrNotFound) {
 					t.Errorf("%s after delete: %v, want ErrNotFound", what, err)
 				}
 			}
-			assertEmpty(t, s, b)
+			assertEmpty(t, s, b, own)
 			if ents, err := os.ReadDir(s.o.SpoolDir); err != nil || len(ents) != 0 {
 				t.Errorf("spool directory holds %v (%v), want nothing", ents, err)
 			}
 		})
+	}
+}
+
+// An owner sees only its own files: another owner's is ErrNotFound from
+// Get, Open and Delete, with the same message as once it is gone, is not
+// listed, is no list cursor, and survives the refused delete. Staged
+// uploads and output files keep the owner they were made for.
+func TestOwnersSeeOnlyTheirOwn(t *testing.T) {
+	ctx := context.Background()
+	b, _ := bucket.Open(ctx, t.TempDir(), bucket.S3Options{})
+	s, _ := newStore(t, b, Options{})
+	a, err := s.Create(ctx, "tenant-a", "a.jsonl", PurposeBatch, strings.NewReader(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := s.Stage(ctx, "tenant-b", "b.jsonl", strings.NewReader(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb, err := u.Commit(ctx, PurposeBatch)
+	if err != nil || fb.Owner != "tenant-b" {
+		t.Fatalf("Commit = %+v, %v; want owner tenant-b", fb, err)
+	}
+	out, err := s.CreateOutput(ctx, "tenant-a", "out.jsonl", strings.NewReader(line))
+	if err != nil || out.Owner != "tenant-a" {
+		t.Fatalf("CreateOutput = %+v, %v; want owner tenant-a", out, err)
+	}
+	// Nobody's (auth off) is an owner like any other.
+	n, err := s.Create(ctx, "", "n.jsonl", PurposeBatch, strings.NewReader(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	refusals := func(owner, id string) map[string]error {
+		return map[string]error{
+			"Get":    func() error { _, err := s.Get(ctx, owner, id); return err }(),
+			"Open":   func() error { _, _, err := s.Open(ctx, owner, id); return err }(),
+			"Delete": func() error { _, err := s.Delete(ctx, owner, id); return err }(),
+		}
+	}
+	for _, c := range []struct{ owner, id string }{{"tenant-b", a.ID}, {"", a.ID}, {"tenant-b", out.ID}, {"tenant-a", fb.ID}, {"tenant-a", n.ID}} {
+		for what, err := range refusals(c.owner, c.id) {
+			if !errors.Is(err, ErrNotFound) {
+				t.Errorf("%s of %s by %q: %v, want ErrNotFound", what, c.id, c.owner, err)
+			}
+			if want := "file " + c.id + ": no such file"; err == nil || err.Error() != want {
+				t.Errorf("%s of %s by %q: %v, want %q, as an unknown id's", what, c.id, c.owner, err, want)
+			}
+		}
+	}
+	list := func(owner string, o ListOptions) []string {
+		page, _, err := s.List(ctx, owner, o)
+		if err != nil {
+			t.Fatalf("List(%q): %v", owner, err)
+		}
+		var ids []string
+		for _, f := range page {
+			ids = append(ids, f.ID)
+		}
+		return ids
+	}
+	for owner, want := range map[string][]string{"tenant-a": {a.ID, out.ID}, "tenant-b": {fb.ID}, "": {n.ID}, "tenant-c": nil} {
+		if got := list(owner, ListOptions{Limit: 10, Asc: true}); strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("List(%q) = %v, want %v", owner, got, want)
+		}
+	}
+	if _, _, err := s.List(ctx, "tenant-b", ListOptions{Limit: 10, After: a.ID}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("List by tenant-b after tenant-a's file: %v, want ErrNotFound", err)
+	}
+
+	// The owner still has it all, content included, and may delete it.
+	_, rc, err := s.Open(ctx, "tenant-a", a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || string(data) != line {
+		t.Errorf("owner's content = %q, %v; want %q", data, err, line)
+	}
+	if _, err := s.Delete(ctx, "tenant-a", a.ID); err != nil {
+		t.Fatalf("owner's Delete: %v", err)
+	}
+	if _, err := b.Stat(ctx, a.BlobKey); !errors.Is(err, bucket.ErrNotExist) {
+		t.Errorf("content after the owner's delete: %v", err)
+	}
+	for what, err := range refusals("tenant-a", a.ID) {
+		if want := "file " + a.ID + ": no such file"; err == nil || err.Error() != want {
+			t.Errorf("%s of a deleted file: %v, want %q", what, err, want)
+		}
 	}
 }
 
@@ -195,12 +287,12 @@ func TestSweep(t *testing.T) {
 	b, _ := bucket.Open(ctx, t.TempDir(), bucket.S3Options{})
 	now := time.Now()
 	s, _ := newStore(t, b, Options{Now: func() time.Time { return now }})
-	f, err := s.Create(ctx, "a.jsonl", PurposeBatch, strings.NewReader(line))
+	f, err := s.Create(ctx, "tenant-a", "a.jsonl", PurposeBatch, strings.NewReader(line))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A staged, never committed upload: what a crash before the row leaves.
-	u, err := s.Stage(ctx, "b.jsonl", strings.NewReader(line))
+	u, err := s.Stage(ctx, "tenant-b", "b.jsonl", strings.NewReader(line))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/stokehq/stoke/activator"
 	"github.com/stokehq/stoke/api"
+	"github.com/stokehq/stoke/api/tenancy"
 	"github.com/stokehq/stoke/batch"
 	"github.com/stokehq/stoke/batch/files"
 	"github.com/stokehq/stoke/engine/server"
@@ -48,6 +49,7 @@ type serveFlags struct {
 	s3                                                          *s3Flags
 	runtime                                                     runtimeFlags
 	spot                                                        spotFlags
+	auth                                                        authFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -99,6 +101,7 @@ DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 	f.s3 = addS3Flags(fl)
 	f.runtime.add(fl)
 	f.spot.add(fl)
+	f.auth.add(fl)
 	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error { return f.runtime.check(cmd.Flags()) }
 	return cmd
 }
@@ -167,6 +170,18 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	adminKey, err := f.auth.adminKey()
+	if err != nil {
+		return err
+	}
+	tenants, err := tenancy.New(ctx, tenancy.Options{Store: st, AdminKey: adminKey})
+	if err != nil {
+		return err
+	}
+	authMode, adminOpen, err := f.auth.resolve(f.listen, tenants)
+	if err != nil {
+		return err
+	}
 	slots, err := runtime.PlanSlots(f.slots, 0, 0, f.spot.slots)
 	if err != nil {
 		return fmt.Errorf("--slots/--spot-slots: %w", err)
@@ -206,7 +221,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	late := &lateController{}
 	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg,
-		StreamWriteTimeout: f.limits.streamWrite})
+		StreamWriteTimeout: f.limits.streamWrite, Authorize: tenancy.AuthorizeModel})
 	var loadCache nodecache.Cache = node.cache
 	if f.simProfile != "" { // sim engines read no weights: nothing to cache
 		loadCache = nil
@@ -239,7 +254,8 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	w := watch.New(b, st, watch.Options{Interval: f.interval, Quiet: f.quiet, OnRevision: ctrl.OnRevision})
 
-	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg, ColdStarts: ctrl, Files: fs, Batches: batches}),
+	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg, ColdStarts: ctrl, Files: fs, Batches: batches,
+		Tenancy: tenants, Auth: authMode, AdminOpen: adminOpen}),
 		ReadHeaderTimeout: f.limits.headerTimeout(), ReadTimeout: f.limits.read, IdleTimeout: f.limits.idle}
 	ln = limitListener(ln, f.limits.maxConns, f.limits.maxConnsPerClient, int(sendBuffer))
 	runCtx, stop := context.WithCancel(ctx)

@@ -58,7 +58,12 @@ func (s BatchStatus) Final() bool { return s.Valid() && len(batchTransitions[s])
 // Batch is a batch's record: what was asked, where it stands, and the
 // counts of its lines.
 type Batch struct {
-	ID               string
+	ID string
+	// Owner is the tenant the batch belongs to ("" while auth is off).
+	Owner string
+	// Models, when not empty, are the only models its lines may name (the
+	// scope of the key that created it).
+	Models           []string
 	InputFileID      string
 	Endpoint         string
 	CompletionWindow string
@@ -111,8 +116,11 @@ type LineResult struct {
 
 // BatchQuery selects a page of batches for Batches, newest first.
 type BatchQuery struct {
-	// After is a batch id: the page starts after it. A missing batch is an
-	// error wrapping ErrNotFound.
+	// Owner keeps only this owner's batches; it always filters ("" is the
+	// owner of everything made while auth is off).
+	Owner string
+	// After is a batch id: the page starts after it. A missing batch, or
+	// another owner's, is an error wrapping ErrNotFound.
 	After string
 	// Limit is the most batches returned (at least 1).
 	Limit int
@@ -128,7 +136,7 @@ var batchTimes = []struct {
 }
 
 func batchColumns() string {
-	cols := []string{"id", "input_file_id", "endpoint", "completion_window", "metadata", "status", "errors",
+	cols := []string{"id", "owner", "models", "input_file_id", "endpoint", "completion_window", "metadata", "status", "errors",
 		"output_file_id", "error_file_id", "total", "completed", "failed", "created_at", "expires_at"}
 	for _, t := range batchTimes {
 		cols = append(cols, t.column)
@@ -138,10 +146,10 @@ func batchColumns() string {
 
 func scanBatch(row interface{ Scan(...any) error }) (Batch, error) {
 	var b Batch
-	var meta, errs string
+	var meta, errs, models string
 	var created, expires int64
 	at := make([]int64, len(batchTimes))
-	dest := []any{&b.ID, &b.InputFileID, &b.Endpoint, &b.CompletionWindow, &meta, &b.Status, &errs,
+	dest := []any{&b.ID, &b.Owner, &models, &b.InputFileID, &b.Endpoint, &b.CompletionWindow, &meta, &b.Status, &errs,
 		&b.OutputFileID, &b.ErrorFileID, &b.Total, &b.Completed, &b.Failed, &created, &expires}
 	for i := range at {
 		dest = append(dest, &at[i])
@@ -151,6 +159,11 @@ func scanBatch(row interface{ Scan(...any) error }) (Batch, error) {
 	}
 	if meta != "" {
 		b.Metadata = json.RawMessage(meta)
+	}
+	if models != "" {
+		if err := json.Unmarshal([]byte(models), &b.Models); err != nil {
+			return Batch{}, fmt.Errorf("batch %s: models: %w", b.ID, err)
+		}
 	}
 	if errs != "" {
 		b.Errors = json.RawMessage(errs)
@@ -175,9 +188,17 @@ func (s *Store) CreateBatch(ctx context.Context, b Batch) error {
 	if b.CreatedAt.IsZero() {
 		b.CreatedAt = s.now()
 	}
+	models := ""
+	if len(b.Models) > 0 {
+		m, err := json.Marshal(b.Models)
+		if err != nil {
+			return fmt.Errorf("create batch %s: %w", b.ID, err)
+		}
+		models = string(m)
+	}
 	return s.tx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO batches (id, input_file_id, endpoint, completion_window, metadata, status, created_at, expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, b.ID, b.InputFileID, b.Endpoint, b.CompletionWindow, string(b.Metadata),
+		_, err := tx.ExecContext(ctx, `INSERT INTO batches (id, owner, models, input_file_id, endpoint, completion_window, metadata, status, created_at, expires_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, b.ID, b.Owner, models, b.InputFileID, b.Endpoint, b.CompletionWindow, string(b.Metadata),
 			BatchValidating, stamp(b.CreatedAt), stamp(b.ExpiresAt))
 		if err != nil {
 			if strings.Contains(err.Error(), "UNIQUE constraint failed") {
@@ -189,7 +210,8 @@ func (s *Store) CreateBatch(ctx context.Context, b Batch) error {
 	})
 }
 
-// Batch returns the batch id, or an error wrapping ErrNotFound.
+// Batch returns the batch id, whoever owns it, or an error wrapping
+// ErrNotFound. Callers serving a tenant check Batch.Owner.
 func (s *Store) Batch(ctx context.Context, id string) (Batch, error) {
 	return readBatch(ctx, s.db, id)
 }
@@ -209,25 +231,30 @@ func readBatch(ctx context.Context, q queryRower, id string) (Batch, error) {
 	return b, nil
 }
 
-// Batches returns a page of batches, newest first, and whether more follow.
+// Batches returns a page of q.Owner's batches, newest first, and whether
+// more follow.
 func (s *Store) Batches(ctx context.Context, q BatchQuery) (page []Batch, more bool, err error) {
 	if q.Limit < 1 {
 		return nil, false, fmt.Errorf("list batches: %w: limit %d is below 1", ErrInvalid, q.Limit)
 	}
-	where, args := "1", []any{}
+	where, args := "owner = ?", []any{q.Owner}
 	if q.After != "" {
 		after, err := s.Batch(ctx, q.After)
+		if err == nil && after.Owner != q.Owner {
+			// Another owner's batch is as unknown as a missing one.
+			err = fmt.Errorf("batch %s: %w", q.After, ErrNotFound)
+		}
 		if err != nil {
 			return nil, false, fmt.Errorf("list batches after %s: %w", q.After, err)
 		}
-		where, args = "(created_at, id) < (?, ?)", []any{stamp(after.CreatedAt), after.ID}
+		where, args = where+" AND (created_at, id) < (?, ?)", append(args, stamp(after.CreatedAt), after.ID)
 	}
 	return s.queryBatches(ctx, `SELECT `+batchColumns()+` FROM batches WHERE `+where+
 		` ORDER BY created_at DESC, id DESC LIMIT ?`, q.Limit, append(args, q.Limit+1)...)
 }
 
 // UnfinishedBatches returns every batch whose status is not final, oldest
-// first: the work a runner has to do (or resume).
+// first, whatever its owner: the work a runner has to do (or resume).
 func (s *Store) UnfinishedBatches(ctx context.Context) ([]Batch, error) {
 	page, _, err := s.queryBatches(ctx, `SELECT `+batchColumns()+` FROM batches
 		WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling') ORDER BY created_at, id`, 0)

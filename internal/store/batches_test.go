@@ -139,3 +139,66 @@ func TestBatchesPages(t *testing.T) {
 		t.Fatalf("unfinished %v %v", un, err)
 	}
 }
+
+// Batches are listed by owner, always ("" included), and another owner's
+// batch as a cursor is as unknown as a missing one; UnfinishedBatches
+// (the runner's) holds every owner's.
+func TestBatchesByOwner(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	owners := []string{"tenant-a", "tenant-b", ""}
+	for i := range 6 {
+		b := Batch{ID: fmt.Sprint("batch_", i), Owner: owners[i%3], InputFileID: "f", Endpoint: "/v1/completions", CompletionWindow: "24h",
+			CreatedAt: now.Add(time.Duration(i) * time.Second), ExpiresAt: now.Add(time.Hour)}
+		if err := s.CreateBatch(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, err := s.Batch(ctx, "batch_4"); err != nil || b.Owner != "tenant-b" {
+		t.Errorf("Batch = %+v, %v; want owner tenant-b", b, err)
+	}
+	if b, err := s.MoveBatch(ctx, "batch_4", BatchCancelling, BatchUpdate{}); err != nil || b.Owner != "tenant-b" {
+		t.Errorf("MoveBatch = %+v, %v; want owner tenant-b", b, err)
+	}
+	ids := func(bs []Batch) (out []string) {
+		for _, b := range bs {
+			out = append(out, b.ID+"/"+b.Owner)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		q    BatchQuery
+		want []string
+		more bool
+	}{
+		{BatchQuery{Owner: "tenant-a", Limit: 10}, []string{"batch_3/tenant-a", "batch_0/tenant-a"}, false},
+		{BatchQuery{Owner: "tenant-b", Limit: 1}, []string{"batch_4/tenant-b"}, true},
+		{BatchQuery{Owner: "tenant-b", Limit: 1, After: "batch_4"}, []string{"batch_1/tenant-b"}, false},
+		{BatchQuery{Limit: 10}, []string{"batch_5/", "batch_2/"}, false},
+		{BatchQuery{Owner: "tenant-c", Limit: 10}, nil, false},
+	} {
+		page, more, err := s.Batches(ctx, c.q)
+		if err != nil || fmt.Sprint(ids(page)) != fmt.Sprint(c.want) || more != c.more {
+			t.Errorf("Batches(%+v) = %v more=%v (%v), want %v more=%v", c.q, ids(page), more, err, c.want, c.more)
+		}
+	}
+	for _, q := range []BatchQuery{
+		{Owner: "tenant-b", Limit: 10, After: "batch_3"},
+		{Limit: 10, After: "batch_3"},
+		{Owner: "tenant-a", Limit: 10, After: "batch_5"},
+	} {
+		if page, _, err := s.Batches(ctx, q); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Batches(%+v) after another owner's batch = %v, %v; want ErrNotFound", q, ids(page), err)
+		}
+	}
+	un, err := s.UnfinishedBatches(ctx)
+	if err != nil || len(un) != 6 {
+		t.Fatalf("unfinished %v %v; want all six", ids(un), err)
+	}
+	for i, b := range un {
+		if b.Owner != owners[i%3] {
+			t.Errorf("unfinished %s has owner %q, want %q", b.ID, b.Owner, owners[i%3])
+		}
+	}
+}

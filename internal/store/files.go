@@ -14,6 +14,8 @@ import (
 type File struct {
 	// ID is the file's id ("file-…").
 	ID string
+	// Owner is the tenant the file belongs to ("" while auth is off).
+	Owner string
 	// Filename is the name the client uploaded it with.
 	Filename string
 	// Purpose is what it is for ("batch").
@@ -30,10 +32,13 @@ type File struct {
 
 // FileQuery selects a page of files for Files.
 type FileQuery struct {
+	// Owner keeps only this owner's files; it always filters ("" is the
+	// owner of everything made while auth is off).
+	Owner string
 	// Purpose keeps only the files of this purpose; empty keeps all.
 	Purpose string
 	// After is a file id: the page starts after it, in the page's order.
-	// A missing file is an error wrapping ErrNotFound.
+	// A missing file, or another owner's, is an error wrapping ErrNotFound.
 	After string
 	// Limit is the most files returned (at least 1).
 	Limit int
@@ -51,8 +56,8 @@ func (s *Store) CreateFile(ctx context.Context, f File) error {
 		f.CreatedAt = s.now()
 	}
 	return s.tx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO files (id, filename, purpose, bytes, lines, blob_key, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`, f.ID, f.Filename, f.Purpose, f.Bytes, f.Lines, f.BlobKey, stamp(f.CreatedAt))
+		_, err := tx.ExecContext(ctx, `INSERT INTO files (id, owner, filename, purpose, bytes, lines, blob_key, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, f.ID, f.Owner, f.Filename, f.Purpose, f.Bytes, f.Lines, f.BlobKey, stamp(f.CreatedAt))
 		if err != nil {
 			if strings.Contains(err.Error(), "UNIQUE constraint failed") {
 				return fmt.Errorf("create file %s: %w: id already recorded", f.ID, ErrInvalid)
@@ -63,19 +68,20 @@ func (s *Store) CreateFile(ctx context.Context, f File) error {
 	})
 }
 
-const fileColumns = `id, filename, purpose, bytes, lines, blob_key, created_at`
+const fileColumns = `id, owner, filename, purpose, bytes, lines, blob_key, created_at`
 
 func scanFile(row interface{ Scan(...any) error }) (File, error) {
 	var f File
 	var created int64
-	if err := row.Scan(&f.ID, &f.Filename, &f.Purpose, &f.Bytes, &f.Lines, &f.BlobKey, &created); err != nil {
+	if err := row.Scan(&f.ID, &f.Owner, &f.Filename, &f.Purpose, &f.Bytes, &f.Lines, &f.BlobKey, &created); err != nil {
 		return File{}, err
 	}
 	f.CreatedAt = unstamp(created)
 	return f, nil
 }
 
-// File returns the file id, or an error wrapping ErrNotFound.
+// File returns the file id, whoever owns it, or an error wrapping
+// ErrNotFound. Callers serving a tenant check File.Owner.
 func (s *Store) File(ctx context.Context, id string) (File, error) {
 	f, err := scanFile(s.db.QueryRowContext(ctx, `SELECT `+fileColumns+` FROM files WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -87,8 +93,8 @@ func (s *Store) File(ctx context.Context, id string) (File, error) {
 	return f, nil
 }
 
-// Files returns a page of files ordered by creation time (then id), and
-// whether more follow it.
+// Files returns a page of q.Owner's files ordered by creation time (then
+// id), and whether more follow it.
 func (s *Store) Files(ctx context.Context, q FileQuery) (page []File, more bool, err error) {
 	if q.Limit < 1 {
 		return nil, false, fmt.Errorf("list files: %w: limit %d is below 1", ErrInvalid, q.Limit)
@@ -97,12 +103,16 @@ func (s *Store) Files(ctx context.Context, q FileQuery) (page []File, more bool,
 	if q.Desc {
 		cmp, order = "<", "DESC"
 	}
-	where, args := []string{"1"}, []any{}
+	where, args := []string{"owner = ?"}, []any{q.Owner}
 	if q.Purpose != "" {
 		where, args = append(where, "purpose = ?"), append(args, q.Purpose)
 	}
 	if q.After != "" {
 		after, err := s.File(ctx, q.After)
+		if err == nil && after.Owner != q.Owner {
+			// Another owner's file is as unknown as a missing one.
+			err = fmt.Errorf("file %s: %w", q.After, ErrNotFound)
+		}
 		if err != nil {
 			return nil, false, fmt.Errorf("list files after %s: %w", q.After, err)
 		}
@@ -132,8 +142,9 @@ func (s *Store) Files(ctx context.Context, q FileQuery) (page []File, more bool,
 	return page, false, nil
 }
 
-// DeleteFile forgets the file id and returns what it was, or an error
-// wrapping ErrNotFound.
+// DeleteFile forgets the file id, whoever owns it, and returns what it
+// was, or an error wrapping ErrNotFound. Callers serving a tenant check
+// the owner first (File): an owner never changes, nor is an id reused.
 func (s *Store) DeleteFile(ctx context.Context, id string) (File, error) {
 	var f File
 	err := s.tx(ctx, func(tx *sql.Tx) error {

@@ -123,3 +123,105 @@ func TestFilesMigrationKeepsOldDatabase(t *testing.T) {
 		t.Errorf("user_version = %d (%v), SchemaVersion %d; want it current", v, err, SchemaVersion)
 	}
 }
+
+// Files are listed by owner, always ("" included), and another owner's
+// file as a cursor is as unknown as a missing one; File and DeleteFile
+// return the owner recorded.
+func TestFilesByOwner(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t)
+	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	// Interleaved in time: a-0, b-0, n-0 (owner ""), a-1, b-1, n-1.
+	owners := map[string]string{"a": "tenant-a", "b": "tenant-b", "n": ""}
+	for i := range 2 {
+		for j, o := range []string{"a", "b", "n"} {
+			id := fmt.Sprintf("file-%s-%d", o, i)
+			f := File{ID: id, Owner: owners[o], Filename: "in.jsonl", Purpose: "batch", BlobKey: id,
+				CreatedAt: base.Add(time.Duration(3*i+j) * time.Second)}
+			if err := s.CreateFile(ctx, f); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if f, err := s.File(ctx, "file-b-1"); err != nil || f.Owner != "tenant-b" {
+		t.Errorf("File = %+v, %v; want owner tenant-b", f, err)
+	}
+	ids := func(fs []File) (out []string) {
+		for _, f := range fs {
+			if f.Owner != owners[f.ID[5:6]] {
+				t.Errorf("file %s read back with owner %q", f.ID, f.Owner)
+			}
+			out = append(out, f.ID)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name string
+		q    FileQuery
+		want []string
+		more bool
+	}{
+		{"a", FileQuery{Owner: "tenant-a", Limit: 10}, []string{"file-a-0", "file-a-1"}, false},
+		{"b desc", FileQuery{Owner: "tenant-b", Limit: 10, Desc: true}, []string{"file-b-1", "file-b-0"}, false},
+		{"no owner", FileQuery{Limit: 10}, []string{"file-n-0", "file-n-1"}, false},
+		{"a page", FileQuery{Owner: "tenant-a", Limit: 1}, []string{"file-a-0"}, true},
+		{"a after its own", FileQuery{Owner: "tenant-a", Limit: 1, After: "file-a-0"}, []string{"file-a-1"}, false},
+		{"unknown owner", FileQuery{Owner: "tenant-c", Limit: 10}, nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			page, more, err := s.Files(ctx, c.q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(ids(page)) != fmt.Sprint(c.want) || more != c.more {
+				t.Errorf("Files(%+v) = %v more=%v, want %v more=%v", c.q, ids(page), more, c.want, c.more)
+			}
+		})
+	}
+	for _, q := range []FileQuery{
+		{Owner: "tenant-b", Limit: 10, After: "file-a-0"},
+		{Limit: 10, After: "file-a-0"},
+		{Owner: "tenant-a", Limit: 10, After: "file-n-0"},
+	} {
+		if page, _, err := s.Files(ctx, q); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Files(%+v) after another owner's file = %v, %v; want ErrNotFound", q, ids(page), err)
+		}
+	}
+	if f, err := s.DeleteFile(ctx, "file-a-1"); err != nil || f.Owner != "tenant-a" {
+		t.Errorf("DeleteFile = %+v, %v; want owner tenant-a", f, err)
+	}
+}
+
+// Files recorded before owners existed (schema version 5) belong to "".
+func TestFilesMigrationOwnsOldFilesAsNobody(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "state.db")
+	db, err := sql.Open("sqlite", dsn(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range migrations[:5] {
+		if _, err := db.ExecContext(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.ExecContext(ctx, `PRAGMA user_version = 5;
+		INSERT INTO files (id, filename, purpose, bytes, lines, blob_key, created_at) VALUES ('file-old', 'in.jsonl', 'batch', 1, 1, 'file-old', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if f, err := s.File(ctx, "file-old"); err != nil || f.Owner != "" {
+		t.Errorf("old file = %+v, %v; want owner \"\"", f, err)
+	}
+	if page, _, err := s.Files(ctx, FileQuery{Limit: 10}); err != nil || len(page) != 1 {
+		t.Errorf("Files of owner \"\" = %+v, %v; want the old file", page, err)
+	}
+	if page, _, err := s.Files(ctx, FileQuery{Owner: "tenant-a", Limit: 10}); err != nil || len(page) != 0 {
+		t.Errorf("Files of tenant-a = %+v, %v; want none", page, err)
+	}
+}

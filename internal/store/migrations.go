@@ -84,6 +84,32 @@ var migrations = [...]string{
 		UNIQUE (batch_id, custom_id)
 	);
 	CREATE INDEX batch_lines_by_state ON batch_lines (batch_id, state, line);`,
+	// 5: tenants and their API keys, stored as SHA-256 hashes.
+	`CREATE TABLE tenants (
+		id         TEXT    PRIMARY KEY,
+		name       TEXT    NOT NULL UNIQUE,
+		created_at INTEGER NOT NULL
+	);
+	CREATE TABLE api_keys (
+		id         TEXT    PRIMARY KEY,
+		tenant_id  TEXT    NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
+		name       TEXT    NOT NULL DEFAULT '',
+		hash       BLOB    NOT NULL UNIQUE,
+		hint       TEXT    NOT NULL,
+		models     TEXT    NOT NULL DEFAULT '',
+		created_at INTEGER NOT NULL,
+		expires_at INTEGER NOT NULL DEFAULT 0,
+		revoked_at INTEGER NOT NULL DEFAULT 0
+	);
+	CREATE INDEX api_keys_by_tenant ON api_keys (tenant_id, created_at);`,
+	// 6: the tenant owning each file and batch ('' while auth is off).
+	`ALTER TABLE files ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+	ALTER TABLE batches ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+	CREATE INDEX files_by_owner ON files (owner, created_at, id);
+	CREATE INDEX batches_by_owner ON batches (owner, created_at, id);`,
+	// 7: the models a batch's lines may name (its creator's key scope, as
+	// JSON; '' for any).
+	`ALTER TABLE batches ADD COLUMN models TEXT NOT NULL DEFAULT '';`,
 }
 
 // SchemaVersion is the user_version of a database this package has brought
