@@ -64,6 +64,10 @@ type Options struct {
 	// Authorize, when set, may refuse a request's model before anything
 	// else (the key's model scope); its error is the answer.
 	Authorize func(ctx context.Context, model string) *openai.Error
+	// Admit, when set, admits each request of a known model before it
+	// waits for a replica (the tenancy's rate limits), and hears how it
+	// ended.
+	Admit Admit
 	// Registerer, when set, receives the activator's stoke_* series.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -250,6 +254,9 @@ type inferenceRequest struct {
 	Prompt   json.RawMessage `json:"prompt"`
 	Messages json.RawMessage `json:"messages"`
 	Priority int             `json:"priority"`
+	// MaxTokens and MaxCompletionTokens bound the answer, for admission.
+	MaxTokens           *int `json:"max_tokens"`
+	MaxCompletionTokens *int `json:"max_completion_tokens"`
 }
 
 // ServeHTTP serves /v1/completions and /v1/chat/completions. A client's
@@ -272,6 +279,10 @@ func (a *Activator) handle(w http.ResponseWriter, req *http.Request, priority *i
 	start := time.Now()
 	rec := &recorder{ResponseWriter: w}
 	model, r, err := a.serve(rec, req, priority)
+	if rec.done != nil {
+		u, known := rec.usage.result()
+		rec.done(rec.status, u, known && rec.status == http.StatusOK)
+	}
 	if r != nil && rec.status == http.StatusOK && !rec.queued && err == nil {
 		r.latencySum.Add(int64(time.Since(start)))
 		r.latencyN.Add(1)
@@ -318,6 +329,12 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 	_, spec, ok := a.opts.Resolver.Lookup(ir.Model)
 	if !ok {
 		writeError(w, openai.ModelNotFound(ir.Model), 0)
+		return "", nil, nil
+	}
+	// The admission check sets its own headers (Retry-After, the limits').
+	var refused *openai.Error
+	if body, refused = a.admit(rec, req, ir, body); refused != nil {
+		writeError(w, refused, 0)
 		return "", nil, nil
 	}
 	if fr, ok := a.opts.Resolver.(FailedResolver); ok {

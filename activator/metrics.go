@@ -81,6 +81,8 @@ type recorder struct {
 	started bool // the answer's kind (stream or not) is known
 	usage   answerUsage
 	queued  bool // waited in the buffer for a replica
+	// done, when set, hears how an admitted request ended.
+	done func(status int, usage openai.Usage, known bool)
 }
 
 func (r *recorder) WriteHeader(code int) {

@@ -80,25 +80,31 @@ func authenticate(t *tenancy.Service, mode AuthMode, adminOpen bool) gin.Handler
 
 // tenantObject is a tenant on the admin API.
 type tenantObject struct {
-	ID        string `json:"id"`
-	Object    string `json:"object"`
-	Name      string `json:"name"`
-	CreatedAt int64  `json:"created_at"`
+	ID        string         `json:"id"`
+	Object    string         `json:"object"`
+	Name      string         `json:"name"`
+	Limits    tenancy.Limits `json:"limits"`
+	CreatedAt int64          `json:"created_at"`
+}
+
+func toTenantObject(t store.Tenant) tenantObject {
+	return tenantObject{ID: t.ID, Object: "tenant", Name: t.Name, Limits: tenancy.LimitsOf(t.Limits), CreatedAt: t.CreatedAt.Unix()}
 }
 
 // keyObject is an API key on the admin API; Key is set only in the answer
 // that created it.
 type keyObject struct {
-	ID        string   `json:"id"`
-	Object    string   `json:"object"`
-	TenantID  string   `json:"tenant_id"`
-	Name      string   `json:"name"`
-	Hint      string   `json:"hint"`
-	Models    []string `json:"models"`
-	CreatedAt int64    `json:"created_at"`
-	ExpiresAt *int64   `json:"expires_at"`
-	RevokedAt *int64   `json:"revoked_at"`
-	Key       string   `json:"key,omitempty"`
+	ID        string         `json:"id"`
+	Object    string         `json:"object"`
+	TenantID  string         `json:"tenant_id"`
+	Name      string         `json:"name"`
+	Hint      string         `json:"hint"`
+	Models    []string       `json:"models"`
+	Limits    tenancy.Limits `json:"limits"`
+	CreatedAt int64          `json:"created_at"`
+	ExpiresAt *int64         `json:"expires_at"`
+	RevokedAt *int64         `json:"revoked_at"`
+	Key       string         `json:"key,omitempty"`
 }
 
 func toKeyObject(k store.APIKey) keyObject {
@@ -114,7 +120,7 @@ func toKeyObject(k store.APIKey) keyObject {
 		models = []string{}
 	}
 	return keyObject{ID: k.ID, Object: "api_key", TenantID: k.TenantID, Name: k.Name, Hint: k.Hint, Models: models,
-		CreatedAt: k.CreatedAt.Unix(), ExpiresAt: at(k.ExpiresAt), RevokedAt: at(k.RevokedAt)}
+		Limits: tenancy.LimitsOf(k.Limits), CreatedAt: k.CreatedAt.Unix(), ExpiresAt: at(k.ExpiresAt), RevokedAt: at(k.RevokedAt)}
 }
 
 // mountTenancy serves /admin/tenants and /admin/keys on r.
@@ -123,6 +129,8 @@ func mountTenancy(r *gin.Engine, t *tenancy.Service, maxBody int64) {
 	r.POST("/admin/tenants", h.createTenant)
 	r.GET("/admin/tenants", h.listTenants)
 	r.DELETE("/admin/tenants/:id", h.deleteTenant)
+	r.PUT("/admin/tenants/:id/limits", h.setTenantLimits)
+	r.PUT("/admin/keys/:id/limits", h.setKeyLimits)
 	r.POST("/admin/keys", h.createKey)
 	r.GET("/admin/keys", h.listKeys)
 	r.POST("/admin/keys/:id/revoke", h.revokeKey)
@@ -148,17 +156,47 @@ func tenancyError(err error) *openai.Error {
 
 func (h tenancyHandler) createTenant(c *gin.Context) {
 	var req struct {
-		Name string `json:"name"`
+		Name   string         `json:"name"`
+		Limits tenancy.Limits `json:"limits"`
 	}
 	if !h.decode(c, &req) {
 		return
 	}
-	t, err := h.t.CreateTenant(c.Request.Context(), req.Name)
+	t, err := h.t.CreateTenant(c.Request.Context(), req.Name, req.Limits)
 	if err != nil {
 		writeError(c, tenancyError(err))
 		return
 	}
-	c.JSON(http.StatusOK, tenantObject{ID: t.ID, Object: "tenant", Name: t.Name, CreatedAt: t.CreatedAt.Unix()})
+	c.JSON(http.StatusOK, toTenantObject(t))
+}
+
+// setTenantLimits serves PUT /admin/tenants/{id}/limits: the body is the
+// limits (absent fields are no limit).
+func (h tenancyHandler) setTenantLimits(c *gin.Context) {
+	var l tenancy.Limits
+	if !h.decode(c, &l) {
+		return
+	}
+	t, err := h.t.SetTenantLimits(c.Request.Context(), c.Param("id"), l)
+	if err != nil {
+		writeError(c, tenancyError(err))
+		return
+	}
+	c.JSON(http.StatusOK, toTenantObject(t))
+}
+
+// setKeyLimits serves PUT /admin/keys/{id}/limits.
+func (h tenancyHandler) setKeyLimits(c *gin.Context) {
+	var l tenancy.Limits
+	if !h.decode(c, &l) {
+		return
+	}
+	k, err := h.t.SetKeyLimits(c.Request.Context(), c.Param("id"), l)
+	if err != nil {
+		writeError(c, tenancyError(err))
+		return
+	}
+	c.JSON(http.StatusOK, toKeyObject(k))
 }
 
 func (h tenancyHandler) listTenants(c *gin.Context) {
@@ -172,7 +210,7 @@ func (h tenancyHandler) listTenants(c *gin.Context) {
 		Data   []tenantObject `json:"data"`
 	}{Object: "list", Data: []tenantObject{}}
 	for _, t := range ts {
-		out.Data = append(out.Data, tenantObject{ID: t.ID, Object: "tenant", Name: t.Name, CreatedAt: t.CreatedAt.Unix()})
+		out.Data = append(out.Data, toTenantObject(t))
 	}
 	c.JSON(http.StatusOK, out)
 }

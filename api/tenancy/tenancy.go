@@ -14,6 +14,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -53,8 +54,12 @@ type Service struct {
 	o         Options
 	adminHash [sha256.Size]byte
 
-	mu     sync.RWMutex
-	byHash map[[sha256.Size]byte]store.APIKey
+	mu           sync.RWMutex
+	byHash       map[[sha256.Size]byte]store.APIKey
+	tenantLimits map[string]Limits // by tenant id
+	keyLimits    map[string]Limits // by key id
+
+	limits limiter
 }
 
 // New returns a Service with the state store's keys loaded.
@@ -75,20 +80,33 @@ func New(ctx context.Context, o Options) (*Service, error) {
 	return s, nil
 }
 
-// reload rereads every key into the in-memory table.
+// reload rereads every key and tenant's limits into the in-memory tables.
 func (s *Service) reload(ctx context.Context) error {
 	keys, err := s.o.Store.APIKeys(ctx, "")
 	if err != nil {
 		return fmt.Errorf("load API keys: %w", err)
 	}
+	tenants, err := s.o.Store.Tenants(ctx)
+	if err != nil {
+		return fmt.Errorf("load tenants: %w", err)
+	}
 	m := make(map[[sha256.Size]byte]store.APIKey, len(keys))
+	kl, tl := map[string]Limits{}, map[string]Limits{}
 	for _, k := range keys {
 		var h [sha256.Size]byte
 		copy(h[:], k.Hash)
 		m[h] = k
+		if kl[k.ID], err = parseLimits(k.Limits); err != nil {
+			return fmt.Errorf("load key %s: %w", k.ID, err)
+		}
+	}
+	for _, t := range tenants {
+		if tl[t.ID], err = parseLimits(t.Limits); err != nil {
+			return fmt.Errorf("load tenant %s: %w", t.ID, err)
+		}
 	}
 	s.mu.Lock()
-	s.byHash = m
+	s.byHash, s.keyLimits, s.tenantLimits = m, kl, tl
 	s.mu.Unlock()
 	return nil
 }
@@ -141,24 +159,78 @@ func Hint(key string) string {
 	return key[:len(KeyPrefix)+3] + "…" + key[len(key)-4:]
 }
 
-// CreateTenant records a tenant named name.
-func (s *Service) CreateTenant(ctx context.Context, name string) (store.Tenant, error) {
+// CreateTenant records a tenant named name with limits.
+func (s *Service) CreateTenant(ctx context.Context, name string, limits Limits) (store.Tenant, error) {
 	name = strings.TrimSpace(name)
 	if name == "" || len(name) > 128 {
 		return store.Tenant{}, fmt.Errorf("%w: a tenant's name is 1 to 128 characters", ErrInvalid)
+	}
+	raw, err := encodeLimits(limits)
+	if err != nil {
+		return store.Tenant{}, err
 	}
 	id, err := newID("tnt_")
 	if err != nil {
 		return store.Tenant{}, err
 	}
-	t := store.Tenant{ID: id, Name: name, CreatedAt: s.o.Now().UTC().Round(0)}
+	t := store.Tenant{ID: id, Name: name, Limits: raw, CreatedAt: s.o.Now().UTC().Round(0)}
 	if err := s.o.Store.CreateTenant(ctx, t); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return store.Tenant{}, fmt.Errorf("%w: a tenant named %q exists", ErrExists, name)
 		}
 		return store.Tenant{}, err
 	}
-	return t, nil
+	return t, s.reload(ctx)
+}
+
+// SetTenantLimits replaces a tenant's limits (by id or name).
+func (s *Service) SetTenantLimits(ctx context.Context, tenant string, limits Limits) (store.Tenant, error) {
+	t, err := s.tenant(ctx, tenant)
+	if err != nil {
+		return store.Tenant{}, err
+	}
+	if t.Limits, err = encodeLimits(limits); err != nil {
+		return store.Tenant{}, err
+	}
+	if err := s.o.Store.SetTenantLimits(ctx, t.ID, t.Limits); err != nil {
+		return store.Tenant{}, err
+	}
+	return t, s.reload(ctx)
+}
+
+// SetKeyLimits replaces a key's own limits.
+func (s *Service) SetKeyLimits(ctx context.Context, id string, limits Limits) (store.APIKey, error) {
+	raw, err := encodeLimits(limits)
+	if err != nil {
+		return store.APIKey{}, err
+	}
+	if err := s.o.Store.SetAPIKeyLimits(ctx, id, raw); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return store.APIKey{}, fmt.Errorf("%w: no key %s", ErrNotFound, id)
+		}
+		return store.APIKey{}, err
+	}
+	if err := s.reload(ctx); err != nil {
+		return store.APIKey{}, err
+	}
+	return s.key(ctx, id)
+}
+
+// encodeLimits is limits as stored (nil for none).
+func encodeLimits(l Limits) (json.RawMessage, error) {
+	if err := l.check(); err != nil {
+		return nil, err
+	}
+	if l.none() {
+		return nil, nil
+	}
+	return json.Marshal(l)
+}
+
+// LimitsOf reads stored limits (for showing them).
+func LimitsOf(raw json.RawMessage) Limits {
+	l, _ := parseLimits(raw)
+	return l
 }
 
 // Tenants lists the tenants.
@@ -184,6 +256,8 @@ type KeyRequest struct {
 	Models []string `json:"models"`
 	// ExpiresIn, when set, is the key's lifetime ("720h").
 	ExpiresIn string `json:"expires_in"`
+	// Limits are the key's own, on top of its tenant's.
+	Limits Limits `json:"limits"`
 }
 
 // CreateKey makes a new key and returns its record and the key itself,
@@ -195,6 +269,9 @@ func (s *Service) CreateKey(ctx context.Context, req KeyRequest) (store.APIKey, 
 	}
 	now := s.o.Now().UTC().Round(0)
 	k := store.APIKey{TenantID: tenant.ID, Name: req.Name, Models: req.Models, CreatedAt: now}
+	if k.Limits, err = encodeLimits(req.Limits); err != nil {
+		return store.APIKey{}, "", err
+	}
 	if req.ExpiresIn != "" {
 		d, err := time.ParseDuration(req.ExpiresIn)
 		if err != nil || d <= 0 {
@@ -256,6 +333,11 @@ func (s *Service) RevokeKey(ctx context.Context, id string) (store.APIKey, error
 	if err := s.reload(ctx); err != nil {
 		return store.APIKey{}, err
 	}
+	return s.key(ctx, id)
+}
+
+// key reads the key id back.
+func (s *Service) key(ctx context.Context, id string) (store.APIKey, error) {
 	keys, err := s.o.Store.APIKeys(ctx, "")
 	if err != nil {
 		return store.APIKey{}, err

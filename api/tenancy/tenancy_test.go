@@ -33,11 +33,11 @@ func TestKeysAuthenticate(t *testing.T) {
 	if s.HasKeys() || !s.HasAdminKey() || !s.IsAdmin("admin-secret") || s.IsAdmin("admin-secreT") || s.IsAdmin("") {
 		t.Fatal("admin key checks are wrong")
 	}
-	acme, err := s.CreateTenant(ctx, "acme")
+	acme, err := s.CreateTenant(ctx, "acme", Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.CreateTenant(ctx, "acme"); !errors.Is(err, ErrExists) {
+	if _, err := s.CreateTenant(ctx, "acme", Limits{}); !errors.Is(err, ErrExists) {
 		t.Fatalf("duplicate tenant: %v", err)
 	}
 	k, key, err := s.CreateKey(ctx, KeyRequest{Tenant: "acme", Name: "ci", Models: []string{"chat"}, ExpiresIn: "1h"})

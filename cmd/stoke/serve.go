@@ -221,7 +221,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	late := &lateController{}
 	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg,
-		StreamWriteTimeout: f.limits.streamWrite, Authorize: tenancy.AuthorizeModel})
+		StreamWriteTimeout: f.limits.streamWrite, Authorize: tenancy.AuthorizeModel, Admit: tenants.Admit})
 	var loadCache nodecache.Cache = node.cache
 	if f.simProfile != "" { // sim engines read no weights: nothing to cache
 		loadCache = nil

@@ -110,6 +110,9 @@ var migrations = [...]string{
 	// 7: the models a batch's lines may name (its creator's key scope, as
 	// JSON; '' for any).
 	`ALTER TABLE batches ADD COLUMN models TEXT NOT NULL DEFAULT '';`,
+	// 8: the limits of tenants and keys (JSON; '' for none).
+	`ALTER TABLE tenants ADD COLUMN limits TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN limits TEXT NOT NULL DEFAULT '';`,
 }
 
 // SchemaVersion is the user_version of a database this package has brought

@@ -16,8 +16,11 @@ var ErrExists = errors.New("already exists")
 // Tenant is a customer of the platform: the owner of API keys, files,
 // batches and usage.
 type Tenant struct {
-	ID        string
-	Name      string
+	ID   string
+	Name string
+	// Limits is the tenant's limits (JSON; nil for none), which the
+	// tenancy package reads.
+	Limits    json.RawMessage
 	CreatedAt time.Time
 }
 
@@ -32,6 +35,8 @@ type APIKey struct {
 	Hint string
 	// Models, when not empty, are the only models the key may use.
 	Models []string
+	// Limits is the key's own limits (JSON; nil for none).
+	Limits json.RawMessage
 	// CreatedAt, ExpiresAt (zero: never) and RevokedAt (zero: not revoked).
 	CreatedAt, ExpiresAt, RevokedAt time.Time
 }
@@ -45,7 +50,7 @@ func (s *Store) CreateTenant(ctx context.Context, t Tenant) error {
 		t.CreatedAt = s.now()
 	}
 	return s.tx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO tenants (id, name, created_at) VALUES (?, ?, ?)`, t.ID, t.Name, stamp(t.CreatedAt))
+		_, err := tx.ExecContext(ctx, `INSERT INTO tenants (id, name, limits, created_at) VALUES (?, ?, ?, ?)`, t.ID, t.Name, string(t.Limits), stamp(t.CreatedAt))
 		if err != nil {
 			if strings.Contains(err.Error(), "UNIQUE constraint failed") {
 				return fmt.Errorf("create tenant %q: %w", t.Name, ErrExists)
@@ -58,7 +63,7 @@ func (s *Store) CreateTenant(ctx context.Context, t Tenant) error {
 
 // Tenants lists every tenant, oldest first.
 func (s *Store) Tenants(ctx context.Context) ([]Tenant, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, name, created_at FROM tenants ORDER BY created_at, id`)
+	rows, err := s.db.QueryContext(ctx, `SELECT id, name, limits, created_at FROM tenants ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("list tenants: %w", err)
 	}
@@ -66,11 +71,12 @@ func (s *Store) Tenants(ctx context.Context) ([]Tenant, error) {
 	var out []Tenant
 	for rows.Next() {
 		var t Tenant
+		var limits string
 		var created int64
-		if err := rows.Scan(&t.ID, &t.Name, &created); err != nil {
+		if err := rows.Scan(&t.ID, &t.Name, &limits, &created); err != nil {
 			return nil, fmt.Errorf("list tenants: %w", err)
 		}
-		t.CreatedAt = unstamp(created)
+		t.CreatedAt, t.Limits = unstamp(created), rawOrNil(limits)
 		out = append(out, t)
 	}
 	if err := rows.Err(); err != nil {
@@ -118,8 +124,8 @@ func (s *Store) CreateAPIKey(ctx context.Context, k APIKey) error {
 			}
 			return fmt.Errorf("create key for tenant %s: %w", k.TenantID, err)
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO api_keys (id, tenant_id, name, hash, hint, models, created_at, expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, k.ID, k.TenantID, k.Name, k.Hash, k.Hint, models, stamp(k.CreatedAt), optStamp(k.ExpiresAt))
+		_, err := tx.ExecContext(ctx, `INSERT INTO api_keys (id, tenant_id, name, hash, hint, models, limits, created_at, expires_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, k.ID, k.TenantID, k.Name, k.Hash, k.Hint, models, string(k.Limits), stamp(k.CreatedAt), optStamp(k.ExpiresAt))
 		if err != nil {
 			return fmt.Errorf("create key %s: %w", k.ID, err)
 		}
@@ -130,7 +136,7 @@ func (s *Store) CreateAPIKey(ctx context.Context, k APIKey) error {
 // APIKeys lists the keys of tenant (every key when tenant is ""), oldest
 // first, revoked and expired ones included.
 func (s *Store) APIKeys(ctx context.Context, tenant string) ([]APIKey, error) {
-	q := `SELECT id, tenant_id, name, hash, hint, models, created_at, expires_at, revoked_at FROM api_keys`
+	q := `SELECT id, tenant_id, name, hash, hint, models, limits, created_at, expires_at, revoked_at FROM api_keys`
 	var args []any
 	if tenant != "" {
 		q, args = q+` WHERE tenant_id = ?`, []any{tenant}
@@ -143,9 +149,9 @@ func (s *Store) APIKeys(ctx context.Context, tenant string) ([]APIKey, error) {
 	var out []APIKey
 	for rows.Next() {
 		var k APIKey
-		var models string
+		var models, limits string
 		var created, expires, revoked int64
-		if err := rows.Scan(&k.ID, &k.TenantID, &k.Name, &k.Hash, &k.Hint, &models, &created, &expires, &revoked); err != nil {
+		if err := rows.Scan(&k.ID, &k.TenantID, &k.Name, &k.Hash, &k.Hint, &models, &limits, &created, &expires, &revoked); err != nil {
 			return nil, fmt.Errorf("list keys: %w", err)
 		}
 		if models != "" {
@@ -154,6 +160,7 @@ func (s *Store) APIKeys(ctx context.Context, tenant string) ([]APIKey, error) {
 			}
 		}
 		k.CreatedAt, k.ExpiresAt, k.RevokedAt = unstamp(created), unoptStamp(expires), unoptStamp(revoked)
+		k.Limits = rawOrNil(limits)
 		out = append(out, k)
 	}
 	if err := rows.Err(); err != nil {
@@ -176,6 +183,39 @@ func (s *Store) RevokeAPIKey(ctx context.Context, id string) error {
 		}
 		return nil
 	})
+}
+
+// SetTenantLimits replaces the tenant id's limits (nil: none).
+func (s *Store) SetTenantLimits(ctx context.Context, id string, limits json.RawMessage) error {
+	return s.setLimits(ctx, "tenants", id, limits)
+}
+
+// SetAPIKeyLimits replaces the key id's limits (nil: none).
+func (s *Store) SetAPIKeyLimits(ctx context.Context, id string, limits json.RawMessage) error {
+	return s.setLimits(ctx, "api_keys", id, limits)
+}
+
+// setLimits sets the limits column of a row of table (tenants or
+// api_keys, never a caller's string).
+func (s *Store) setLimits(ctx context.Context, table, id string, limits json.RawMessage) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE `+table+` SET limits = ? WHERE id = ?`, string(limits), id)
+		if err != nil {
+			return fmt.Errorf("set limits of %s: %w", id, err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("set limits of %s: %w", id, ErrNotFound)
+		}
+		return nil
+	})
+}
+
+// rawOrNil is a stored JSON value, nil when empty.
+func rawOrNil(s string) json.RawMessage {
+	if s == "" {
+		return nil
+	}
+	return json.RawMessage(s)
 }
 
 // optStamp is stamp for a time that may be unset (zero: 0).

@@ -1,0 +1,71 @@
+package activator
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+
+	"github.com/stokehq/stoke/internal/openai"
+)
+
+// AdmitRequest is what an admission check (Options.Admit) decides on: a
+// request's model and an upper bound of the tokens it may use.
+type AdmitRequest struct {
+	Model string
+	// PromptBytes is the length of the prompt or messages as sent: no
+	// tokenizer makes more tokens than bytes, so it bounds the prompt's
+	// tokens from above.
+	PromptBytes int
+	// MaxTokens is the request's max_tokens (or max_completion_tokens); 0
+	// when it set none.
+	MaxTokens int
+}
+
+// Admitted is a request an admission check let in.
+type Admitted struct {
+	// MaxTokens, when the request set none, is the max_tokens the
+	// activator sets in its body (the bound its tokens were reserved
+	// with); 0 leaves the body alone.
+	MaxTokens int
+	// Done, when set, is called once the request is over with its HTTP
+	// status and its usage (known false when the answer carried none).
+	Done func(status int, usage openai.Usage, known bool)
+}
+
+// Admit is Options.Admit: it lets a request in (setting, on w, the headers
+// its answer should carry), or answers why not.
+type Admit func(ctx context.Context, w http.ResponseWriter, r AdmitRequest) (Admitted, *openai.Error)
+
+// admit runs the admission check on a parsed request and returns the body
+// to forward (with max_tokens set when the check asked for it).
+func (a *Activator) admit(rec *recorder, req *http.Request, ir inferenceRequest, body []byte) ([]byte, *openai.Error) {
+	if a.opts.Admit == nil {
+		return body, nil
+	}
+	max := 0
+	switch {
+	case ir.MaxTokens != nil:
+		max = *ir.MaxTokens
+	case ir.MaxCompletionTokens != nil:
+		max = *ir.MaxCompletionTokens
+	}
+	got, e := a.opts.Admit(req.Context(), rec, AdmitRequest{Model: ir.Model, PromptBytes: len(ir.Prompt) + len(ir.Messages), MaxTokens: max})
+	if e != nil {
+		return nil, e
+	}
+	rec.done = got.Done
+	if got.MaxTokens > 0 && max == 0 {
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(body, &fields); err != nil {
+			return nil, openai.InvalidRequest("", "request body must be a JSON object")
+		}
+		fields["max_tokens"] = json.RawMessage(strconv.Itoa(got.MaxTokens))
+		out, err := json.Marshal(fields)
+		if err != nil {
+			return nil, openai.ServerError("set max_tokens: %v", err)
+		}
+		return out, nil
+	}
+	return body, nil
+}

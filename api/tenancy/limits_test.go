@@ -1,0 +1,122 @@
+package tenancy
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stokehq/stoke/activator"
+	"github.com/stokehq/stoke/internal/openai"
+)
+
+// TestAdmitNeverOvershoots: 200 concurrent admissions against a tokens-
+// per-minute and a requests-per-minute limit admit no more than the
+// limits allow (reservations are the upper bounds), each refusal is a 429
+// rate_limit_exceeded with Retry-After and the x-ratelimit headers, and an
+// answer's usage gives back what it did not use.
+func TestAdmitNeverOvershoots(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		limits Limits
+		check  func(t *testing.T, admitted, tokens int)
+	}{
+		{"tokens per minute", Limits{TokensPerMinute: 1000}, func(t *testing.T, admitted, tokens int) {
+			if tokens > 1000 || admitted != 1000/(10+20) {
+				t.Fatalf("%d admitted reserving %d tokens, limit 1000 (want %d admitted)", admitted, tokens, 1000/30)
+			}
+		}},
+		{"requests per minute", Limits{RequestsPerMinute: 17}, func(t *testing.T, admitted, _ int) {
+			if admitted != 17 {
+				t.Fatalf("%d admitted, limit 17 a minute", admitted)
+			}
+		}},
+		{"concurrency", Limits{MaxConcurrent: 5}, func(t *testing.T, admitted, _ int) {
+			if admitted != 5 {
+				t.Fatalf("%d admitted at once, limit 5", admitted)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+			s := newService(t, "", func() time.Time { return now })
+			if _, err := s.CreateTenant(ctx, "acme", tc.limits); err != nil {
+				t.Fatal(err)
+			}
+			k, _, err := s.CreateKey(ctx, KeyRequest{Tenant: "acme"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pctx := WithPrincipal(ctx, Principal{TenantID: k.TenantID, KeyID: k.ID})
+			var mu sync.Mutex
+			var admitted, tokens int
+			var wg sync.WaitGroup
+			for range 200 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					w := httptest.NewRecorder()
+					_, e := s.Admit(pctx, w, activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20})
+					mu.Lock()
+					defer mu.Unlock()
+					if e != nil {
+						if e.Status != http.StatusTooManyRequests || e.Code != "rate_limit_exceeded" || w.Header().Get("Retry-After") == "" {
+							t.Errorf("refusal %d %s, Retry-After %q", e.Status, e.Code, w.Header().Get("Retry-After"))
+						}
+						return
+					}
+					admitted++
+					tokens += 30
+				}()
+			}
+			wg.Wait()
+			tc.check(t, admitted, tokens)
+		})
+	}
+}
+
+func TestAdmitReconcilesAndCaps(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	s := newService(t, "", func() time.Time { return now })
+	s.CreateTenant(ctx, "acme", Limits{TokensPerMinute: 100, RequestsPerMinute: 50})
+	k, _, _ := s.CreateKey(ctx, KeyRequest{Tenant: "acme", Limits: Limits{MaxTokens: 40}})
+	pctx := WithPrincipal(ctx, Principal{TenantID: k.TenantID, KeyID: k.ID})
+	w := httptest.NewRecorder()
+	if _, e := s.Admit(pctx, w, activator.AdmitRequest{PromptBytes: 5, MaxTokens: 41}); e == nil || e.Status != 400 || e.Param != "max_tokens" {
+		t.Fatalf("max_tokens over the key's cap: %+v", e)
+	}
+	adm, e := s.Admit(pctx, w, activator.AdmitRequest{PromptBytes: 5})
+	if e != nil || adm.MaxTokens != 40 {
+		t.Fatalf("a request with no max_tokens: %+v %v (want max_tokens set to the cap)", adm, e)
+	}
+	// 45 reserved of 100; a second request of 45 fits, a third does not
+	// until the first gives back what it did not use.
+	adm2, e := s.Admit(pctx, w, activator.AdmitRequest{PromptBytes: 5})
+	if e != nil {
+		t.Fatal(e)
+	}
+	if _, e := s.Admit(pctx, w, activator.AdmitRequest{PromptBytes: 5}); e == nil {
+		t.Fatal("a third request fit 100 tokens a minute with 90 reserved")
+	}
+	adm.Done(http.StatusOK, openai.Usage{PromptTokens: 2, CompletionTokens: 3}, true)
+	adm2.Done(http.StatusServiceUnavailable, openai.Usage{}, false)
+	w = httptest.NewRecorder()
+	if _, e := s.Admit(pctx, w, activator.AdmitRequest{PromptBytes: 5}); e != nil {
+		t.Fatalf("after the refunds (5 tokens used): %v", e)
+	}
+	if got := w.Header().Get("x-ratelimit-remaining-requests"); got != "47" {
+		t.Errorf("x-ratelimit-remaining-requests %q, want 47", got)
+	}
+	now = now.Add(time.Minute)
+	if _, e := s.Admit(pctx, httptest.NewRecorder(), activator.AdmitRequest{PromptBytes: 5, MaxTokens: 40}); e != nil {
+		t.Fatalf("a minute later: %v", e)
+	}
+	// Without a principal (auth off) nothing is limited.
+	if adm, e := s.Admit(ctx, httptest.NewRecorder(), activator.AdmitRequest{PromptBytes: 1 << 20}); e != nil || adm.Done != nil {
+		t.Fatalf("no principal: %+v %v", adm, e)
+	}
+}
