@@ -281,8 +281,13 @@ func (a *Activator) handle(w http.ResponseWriter, req *http.Request, priority *i
 	model, r, err := a.serve(rec, req, priority)
 	if rec.done != nil {
 		u, known := rec.usage.result()
-		rec.done(rec.status, u, known && rec.status == http.StatusOK)
+		o := Outcome{Status: rec.status, Usage: u, Known: known && rec.status == http.StatusOK, Duration: time.Since(start)}
+		if !rec.first.IsZero() {
+			o.TTFT = rec.first.Sub(start)
+		}
+		rec.done(o)
 	}
+	rec.release()
 	if r != nil && rec.status == http.StatusOK && !rec.queued && err == nil {
 		r.latencySum.Add(int64(time.Since(start)))
 		r.latencyN.Add(1)

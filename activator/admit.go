@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/stokehq/stoke/internal/openai"
 )
@@ -20,6 +21,20 @@ type AdmitRequest struct {
 	// MaxTokens is the request's max_tokens (or max_completion_tokens); 0
 	// when it set none.
 	MaxTokens int
+	// RequestID is the request's X-Request-Id.
+	RequestID string
+}
+
+// Outcome is how an admitted request ended.
+type Outcome struct {
+	// Status is the answer's HTTP status.
+	Status int
+	// Usage is the answer's usage; Known is false when it carried none.
+	Usage openai.Usage
+	Known bool
+	// TTFT is the time to the answer's first byte, Duration to its end
+	// (its last byte held back, see Admitted.Hold).
+	TTFT, Duration time.Duration
 }
 
 // Admitted is a request an admission check let in.
@@ -28,9 +43,14 @@ type Admitted struct {
 	// activator sets in its body (the bound its tokens were reserved
 	// with); 0 leaves the body alone.
 	MaxTokens int
-	// Done, when set, is called once the request is over with its HTTP
-	// status and its usage (known false when the answer carried none).
-	Done func(status int, usage openai.Usage, known bool)
+	// Done, when set, is called once the request is over, with how it
+	// ended.
+	Done func(Outcome)
+	// Hold keeps the end of a successful answer (the last byte of a plain
+	// one, the closing [DONE] event of a stream) from the client until
+	// Done has returned: a client never holds a whole answer whose Done
+	// (its usage record) did not happen.
+	Hold bool
 }
 
 // Admit is Options.Admit: it lets a request in (setting, on w, the headers
@@ -50,11 +70,12 @@ func (a *Activator) admit(rec *recorder, req *http.Request, ir inferenceRequest,
 	case ir.MaxCompletionTokens != nil:
 		max = *ir.MaxCompletionTokens
 	}
-	got, e := a.opts.Admit(req.Context(), rec, AdmitRequest{Model: ir.Model, PromptBytes: len(ir.Prompt) + len(ir.Messages), MaxTokens: max})
+	got, e := a.opts.Admit(req.Context(), rec, AdmitRequest{Model: ir.Model, PromptBytes: len(ir.Prompt) + len(ir.Messages), MaxTokens: max,
+		RequestID: req.Header.Get("X-Request-Id")})
 	if e != nil {
 		return nil, e
 	}
-	rec.done = got.Done
+	rec.done, rec.hold = got.Done, got.Hold && got.Done != nil
 	if got.MaxTokens > 0 && max == 0 {
 		var fields map[string]json.RawMessage
 		if err := json.Unmarshal(body, &fields); err != nil {

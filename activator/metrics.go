@@ -81,8 +81,48 @@ type recorder struct {
 	started bool // the answer's kind (stream or not) is known
 	usage   answerUsage
 	queued  bool // waited in the buffer for a replica
-	// done, when set, hears how an admitted request ended.
-	done func(status int, usage openai.Usage, known bool)
+	// done, when set, hears how an admitted request ended; with hold, the
+	// end of a successful answer waits in held until it has.
+	done func(Outcome)
+	hold bool
+	held []byte
+}
+
+// doneMarker ends a stream: a stream's held end.
+var doneMarker = []byte("data: [DONE]\n\n")
+
+// passOn writes p to the client, keeping back the answer's end when the
+// recorder holds it: the last byte of a plain answer, the [DONE] event of
+// a stream.
+func (r *recorder) passOn(p []byte) (int, error) {
+	if !r.hold || r.status != http.StatusOK || len(p) == 0 {
+		return r.ResponseWriter.Write(p)
+	}
+	if r.usage.sse {
+		if bytes.HasSuffix(p, doneMarker) {
+			r.held = append(r.held, p...)
+			return len(p), nil
+		}
+		return r.ResponseWriter.Write(p)
+	}
+	if len(r.held) > 0 {
+		if _, err := r.ResponseWriter.Write(r.held); err != nil {
+			return 0, err
+		}
+	}
+	r.held = append(r.held[:0], p[len(p)-1])
+	if _, err := r.ResponseWriter.Write(p[:len(p)-1]); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// release sends what was held back.
+func (r *recorder) release() {
+	if len(r.held) > 0 {
+		r.ResponseWriter.Write(r.held)
+		r.held = nil
+	}
 }
 
 func (r *recorder) WriteHeader(code int) {
@@ -112,7 +152,7 @@ func (r *recorder) Write(p []byte) (int, error) {
 	}
 	r.last = now
 	r.usage.write(p)
-	return r.ResponseWriter.Write(p)
+	return r.passOn(p)
 }
 
 // Unwrap lets http.ResponseController reach the real writer (Flush).

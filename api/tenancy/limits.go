@@ -122,15 +122,15 @@ type limiter struct {
 	meters map[string]*meter // "t:" + tenant id or "k:" + key id
 }
 
-// Admit is the activator's admission check (activator.Options.Admit): a
-// request from a principal with limits reserves one request and its
+// admitLimits is the limits' admission check: a request from a principal
+// with limits reserves one request and its
 // tokens' upper bound (prompt bytes plus max_tokens) in its tenant's and
 // key's meters at once, or neither; it is refused with 429
 // rate_limit_exceeded and a Retry-After when it does not fit, 400 when
 // its max_tokens is over the cap. The answer's usage then replaces the
 // bound; an answer that failed frees its tokens. Every answer carries
 // OpenAI's x-ratelimit-* headers of the key's (else the tenant's) limits.
-func (s *Service) Admit(ctx context.Context, w http.ResponseWriter, r activator.AdmitRequest) (activator.Admitted, *openai.Error) {
+func (s *Service) admitLimits(ctx context.Context, w http.ResponseWriter, r activator.AdmitRequest) (activator.Admitted, *openai.Error) {
 	p, ok := FromContext(ctx)
 	if !ok || p.TenantID == "" {
 		return activator.Admitted{}, nil
@@ -193,16 +193,16 @@ func (s *Service) Admit(ctx context.Context, w http.ResponseWriter, r activator.
 		}
 		return activator.Admitted{}, &openai.Error{Status: http.StatusTooManyRequests, Type: "requests", Code: "rate_limit_exceeded", Message: msg}
 	}
-	adm.Done = func(status int, u openai.Usage, known bool) {
+	adm.Done = func(o activator.Outcome) {
 		s.limits.mu.Lock()
 		defer s.limits.mu.Unlock()
 		for i, m := range meters {
 			m.inflight--
 			switch {
-			case status != http.StatusOK:
+			case o.Status != http.StatusOK:
 				res[i].tokens = 0 // nothing was served
-			case known:
-				res[i].tokens = min(res[i].tokens, u.PromptTokens+u.CompletionTokens)
+			case o.Known:
+				res[i].tokens = min(res[i].tokens, o.Usage.PromptTokens+o.Usage.CompletionTokens)
 			}
 		}
 	}

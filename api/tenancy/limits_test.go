@@ -102,8 +102,8 @@ func TestAdmitReconcilesAndCaps(t *testing.T) {
 	if _, e := s.Admit(pctx, w, activator.AdmitRequest{PromptBytes: 5}); e == nil {
 		t.Fatal("a third request fit 100 tokens a minute with 90 reserved")
 	}
-	adm.Done(http.StatusOK, openai.Usage{PromptTokens: 2, CompletionTokens: 3}, true)
-	adm2.Done(http.StatusServiceUnavailable, openai.Usage{}, false)
+	adm.Done(activator.Outcome{Status: http.StatusOK, Usage: openai.Usage{PromptTokens: 2, CompletionTokens: 3}, Known: true})
+	adm2.Done(activator.Outcome{Status: http.StatusServiceUnavailable})
 	w = httptest.NewRecorder()
 	if _, e := s.Admit(pctx, w, activator.AdmitRequest{PromptBytes: 5}); e != nil {
 		t.Fatalf("after the refunds (5 tokens used): %v", e)

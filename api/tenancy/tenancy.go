@@ -17,9 +17,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stokehq/stoke/internal/store"
 )
@@ -44,6 +47,12 @@ type Options struct {
 	Store *store.Store
 	// AdminKey, when set, is the key of the admin endpoints.
 	AdminKey string
+	// RecordUsage turns usage records on: one per admitted request,
+	// durable before its answer's end reaches the client.
+	RecordUsage bool
+	// Registerer, when set, receives the stoke_tenant_* series.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -60,6 +69,7 @@ type Service struct {
 	keyLimits    map[string]Limits // by key id
 
 	limits limiter
+	usage  *usageLog // nil: usage records off
 }
 
 // New returns a Service with the state store's keys loaded.
@@ -70,7 +80,13 @@ func New(ctx context.Context, o Options) (*Service, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
 	s := &Service{o: o}
+	if o.RecordUsage {
+		s.usage = newUsageLog(o.Store, o.Logger.With("component", "usage"), o.Registerer)
+	}
 	if o.AdminKey != "" {
 		s.adminHash = sha256.Sum256([]byte(o.AdminKey))
 	}

@@ -21,6 +21,12 @@ import (
 // answer into out; it returns the status.
 func adminPost(t *testing.T, base, adminKey, path, body string, out any) int {
 	t.Helper()
+	return adminPostB(t, base, adminKey, path, body, out)
+}
+
+// adminPostB is adminPost for tests and benchmarks.
+func adminPostB(t testing.TB, base, adminKey, path, body string, out any) int {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if adminKey != "" {

@@ -41,6 +41,7 @@ type serveFlags struct {
 	batchWindows                                                []string
 	batchInFlight                                               int
 	batchTolerance                                              float64
+	noUsage                                                     bool
 	simProfile, routing, cacheMaxSize, kernels                  string
 	slots, warm, maxNumSeqs, threads, lowerPriorityPrefill      int
 	interval, quiet, drain                                      time.Duration
@@ -81,6 +82,7 @@ DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 	fl.StringSliceVar(&f.batchWindows, "batch-completion-windows", []string{batch.DefaultWindow}, "completion windows a batch may ask for (OpenAI offers 24h only; a shorter one is for tests)")
 	fl.IntVar(&f.batchInFlight, "batch-max-in-flight", 64, "batch lines in flight per model at most (the runner adapts below it)")
 	fl.Float64Var(&f.batchTolerance, "batch-latency-tolerance", batch.DefaultLatencyTolerance, "how much batch lines may slow a model's time per output token (1.1: by 10%) before their concurrency shrinks")
+	fl.BoolVar(&f.noUsage, "no-usage-records", false, "keep no usage record of requests (they cost a group commit before each answer's last byte)")
 	fl.IntVar(&f.slots, "slots", 4, "runtimes this node runs at most")
 	fl.IntVar(&f.warm, "warm", 1, "blank runtimes kept started (the warm pool)")
 	fl.StringVar(&f.sleepBudget, "sleep-budget", "4GiB", "weight memory sleeping replicas may keep")
@@ -170,11 +172,17 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	slots, err := runtime.PlanSlots(f.slots, 0, 0, f.spot.slots)
+	if err != nil {
+		return fmt.Errorf("--slots/--spot-slots: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	adminKey, err := f.auth.adminKey()
 	if err != nil {
 		return err
 	}
-	tenants, err := tenancy.New(ctx, tenancy.Options{Store: st, AdminKey: adminKey})
+	tenants, err := tenancy.New(ctx, tenancy.Options{Store: st, AdminKey: adminKey, RecordUsage: !f.noUsage, Registerer: reg})
 	if err != nil {
 		return err
 	}
@@ -182,12 +190,6 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	slots, err := runtime.PlanSlots(f.slots, 0, 0, f.spot.slots)
-	if err != nil {
-		return fmt.Errorf("--slots/--spot-slots: %w", err)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// Runtimes are short-lived sockets: keep their directory short too.
 	rtDir := filepath.Join(data, "rt")

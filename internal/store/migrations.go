@@ -113,6 +113,23 @@ var migrations = [...]string{
 	// 8: the limits of tenants and keys (JSON; '' for none).
 	`ALTER TABLE tenants ADD COLUMN limits TEXT NOT NULL DEFAULT '';
 	ALTER TABLE api_keys ADD COLUMN limits TEXT NOT NULL DEFAULT '';`,
+	// 9: one usage record per answered (or refused after admission)
+	// inference request.
+	`CREATE TABLE usage (
+		id                INTEGER PRIMARY KEY AUTOINCREMENT,
+		request_id        TEXT    NOT NULL,
+		tenant_id         TEXT    NOT NULL,
+		key_id            TEXT    NOT NULL,
+		model             TEXT    NOT NULL,
+		status            INTEGER NOT NULL,
+		prompt_tokens     INTEGER NOT NULL,
+		completion_tokens INTEGER NOT NULL,
+		cached_tokens     INTEGER NOT NULL,
+		ttft_us           INTEGER NOT NULL,
+		duration_us       INTEGER NOT NULL,
+		created_at        INTEGER NOT NULL
+	);
+	CREATE INDEX usage_by_tenant ON usage (tenant_id, created_at);`,
 }
 
 // SchemaVersion is the user_version of a database this package has brought

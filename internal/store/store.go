@@ -40,8 +40,13 @@ var (
 
 // Store is an open state database.
 type Store struct {
-	db   *sql.DB
-	path string
+	db *sql.DB
+	// appDurable writes with synchronous=NORMAL: in WAL mode a commit then
+	// survives the process being killed, not the machine losing power. It
+	// is for records written on a request's path (usage), where an fsync
+	// per group commit would cost every request.
+	appDurable *sql.DB
+	path       string
 	// now stamps created/updated times; tests replace it.
 	now func() time.Time
 }
@@ -66,6 +71,10 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("open state store %s: %w", abs, err)
 	}
+	if s.appDurable, err = sql.Open("sqlite", strings.Replace(dsn(abs), "synchronous(FULL)", "synchronous(NORMAL)", 1)); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open state store %s: %w", abs, err)
+	}
 	return s, nil
 }
 
@@ -87,6 +96,7 @@ func (s *Store) Path() string { return s.path }
 
 // Close closes the database. Calls made afterwards fail.
 func (s *Store) Close() error {
+	s.appDurable.Close()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close state store %s: %w", s.path, err)
 	}
@@ -96,7 +106,12 @@ func (s *Store) Close() error {
 // tx runs fn in one immediate transaction, committing when fn returns nil
 // and rolling back otherwise.
 func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+	return txOn(ctx, s.db, fn)
+}
+
+// txOn is tx on the handle db.
+func txOn(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}

@@ -1,0 +1,112 @@
+package tenancy
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stokehq/stoke/activator"
+	"github.com/stokehq/stoke/internal/openai"
+	"github.com/stokehq/stoke/internal/store"
+)
+
+// usageLog writes usage records in group commits: a record waits for the
+// commit (one transaction, one fsync) that takes every record that arrived
+// while the previous one ran, so a busy gateway pays one fsync per batch,
+// not per request. No goroutine lives longer than the records it commits.
+type usageLog struct {
+	st      *store.Store
+	log     *slog.Logger
+	tokens  *prometheus.CounterVec
+	mu      sync.Mutex
+	pending []store.UsageRecord
+	waiters []chan error
+	running bool
+}
+
+func newUsageLog(st *store.Store, log *slog.Logger, reg prometheus.Registerer) *usageLog {
+	u := &usageLog{st: st, log: log, tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_tenant_tokens_total",
+		Help: "Tokens answered, by tenant id, model and kind (prompt or completion), as recorded in the usage records."},
+		[]string{"tenant", "model", "kind"})}
+	if reg != nil {
+		reg.MustRegister(u.tokens)
+	}
+	return u
+}
+
+// record writes r and returns once it is durable (or failed to be).
+func (u *usageLog) record(r store.UsageRecord) error {
+	done := make(chan error, 1)
+	u.mu.Lock()
+	u.pending = append(u.pending, r)
+	u.waiters = append(u.waiters, done)
+	if !u.running {
+		u.running = true
+		go u.commit()
+	}
+	u.mu.Unlock()
+	return <-done
+}
+
+// commit writes what is pending, batch after batch, until nothing is.
+func (u *usageLog) commit() {
+	for {
+		u.mu.Lock()
+		batch, waiters := u.pending, u.waiters
+		u.pending, u.waiters = nil, nil
+		if len(batch) == 0 {
+			u.running = false
+			u.mu.Unlock()
+			return
+		}
+		u.mu.Unlock()
+		err := u.st.InsertUsage(context.Background(), batch)
+		if err != nil {
+			u.log.Error("record usage", "records", len(batch), "err", err)
+		} else {
+			for _, r := range batch {
+				tenant := r.TenantID
+				if tenant == "" {
+					tenant = "none"
+				}
+				u.tokens.WithLabelValues(tenant, r.Model, "prompt").Add(float64(r.PromptTokens))
+				u.tokens.WithLabelValues(tenant, r.Model, "completion").Add(float64(r.CompletionTokens))
+			}
+		}
+		for _, w := range waiters {
+			w <- err
+		}
+	}
+}
+
+// Admit is the activator's admission check (activator.Options.Admit): the
+// limits (see admitLimits), and, with usage recording on, a usage record
+// of every admitted request, durable before the end of its answer reaches
+// the client (activator.Admitted.Hold).
+func (s *Service) Admit(ctx context.Context, w http.ResponseWriter, r activator.AdmitRequest) (activator.Admitted, *openai.Error) {
+	adm, e := s.admitLimits(ctx, w, r)
+	if e != nil || s.usage == nil {
+		return adm, e
+	}
+	p, _ := FromContext(ctx)
+	limitsDone := adm.Done
+	adm.Hold = true
+	adm.Done = func(o activator.Outcome) {
+		if limitsDone != nil {
+			limitsDone(o)
+		}
+		rec := store.UsageRecord{RequestID: r.RequestID, TenantID: p.TenantID, KeyID: p.KeyID, Model: r.Model, Status: o.Status,
+			TTFT: o.TTFT, Duration: o.Duration, CreatedAt: s.o.Now()}
+		if o.Known {
+			rec.PromptTokens, rec.CompletionTokens = o.Usage.PromptTokens, o.Usage.CompletionTokens
+			if d := o.Usage.PromptTokensDetails; d != nil {
+				rec.CachedTokens = d.CachedTokens
+			}
+		}
+		s.usage.record(rec)
+	}
+	return adm, nil
+}

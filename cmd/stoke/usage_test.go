@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stokehq/stoke/internal/store"
+)
+
+// usageLoad sends completions (plain, and streamed with usage) from 16
+// workers until stop is closed or a request fails, and returns the
+// request ids of the answers it read whole with a 200.
+func usageLoad(base string, stop <-chan struct{}) []string {
+	var mu sync.Mutex
+	var answered []string
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				body := fmt.Sprintf(`{"model":"chat","prompt":"worker %d request %d","max_tokens":8}`, w, i)
+				if i%2 == 1 {
+					body = fmt.Sprintf(`{"model":"chat","prompt":"worker %d request %d","max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}`, w, i)
+				}
+				resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					return
+				}
+				data, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				whole := err == nil && resp.StatusCode == http.StatusOK &&
+					(i%2 == 0 && strings.HasSuffix(strings.TrimSpace(string(data)), "}") || strings.HasSuffix(string(data), "data: [DONE]\n\n"))
+				if !whole {
+					return
+				}
+				mu.Lock()
+				answered = append(answered, resp.Header.Get("X-Request-Id"))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return answered
+}
+
+// engineTokens sums the prompt and generated tokens every engine of base
+// counted (vLLM's counters on their own /metrics).
+func engineTokens(t *testing.T, base string) int64 {
+	t.Helper()
+	var total int64
+	for _, r := range listRuntimes(t, base) {
+		if r.State != "ready" {
+			continue
+		}
+		path := strings.TrimPrefix(r.Socket, "unix://")
+		client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		}}}
+		resp, err := client.Get("http://engine/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "vllm:prompt_tokens_total") || strings.HasPrefix(line, "vllm:generation_tokens_total") {
+				var v float64
+				fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+				total += int64(v)
+			}
+		}
+		resp.Body.Close()
+	}
+	return total
+}
+
+// TestServeUsageRecords: after a load test the usage records add up
+// exactly to the engines' own token counters; and with serve SIGKILLed
+// under load, every answer a client read whole has its record, once, and
+// no record is partial.
+func TestServeUsageRecords(t *testing.T) {
+	bucketDir := t.TempDir()
+	pushTo(t, bucketDir, "chat", "replicas:\n  min: 1\n  max: 1\n")
+	data := t.TempDir()
+	killEnginesAtEnd(t, data)
+	args := []string{"--data", data, "--bucket", "file://" + bucketDir, "--watch-interval", "100ms", "--warm", "0", "--slots", "1",
+		"--sim-profile", "llama-3.1-8b-fp8-h100"}
+	s := launchServe(t, nil, freeAddr(t), args...)
+	s.waitHealthy(t)
+	waitUntil(t, "chat has a ready replica", 60*time.Second, func() bool { return readyReplicas(t, s.base, "chat") == 1 })
+
+	before := engineTokens(t, s.base) // the runtime manager's own probe after a load
+	stop := make(chan struct{})
+	time.AfterFunc(2*time.Second, func() { close(stop) })
+	answered := usageLoad(s.base, stop)
+	st, err := store.Open(context.Background(), filepath.Join(data, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	totals, err := st.UsageTotals(context.Background(), store.UsageQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recorded int64
+	requests := 0
+	for _, u := range totals {
+		recorded += u.PromptTokens + u.CompletionTokens
+		requests += u.Requests
+	}
+	if engine := engineTokens(t, s.base) - before; recorded != engine || requests != len(answered) || requests == 0 {
+		t.Fatalf("usage records: %d requests, %d tokens; the clients read %d answers, the engines counted %d tokens",
+			requests, recorded, len(answered), engine)
+	}
+
+	var killed atomic.Bool
+	stop = make(chan struct{})
+	time.AfterFunc(1500*time.Millisecond, func() {
+		killed.Store(true)
+		syscall.Kill(s.cmd.Process.Pid, syscall.SIGKILL)
+		close(stop)
+	})
+	more := usageLoad(s.base, stop)
+	<-s.done
+	ids, err := st.UsageRequestIDs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := append(answered, more...)
+	for _, id := range all {
+		if ids[id] != 1 {
+			t.Fatalf("answered request %s has %d usage records after the SIGKILL", id, ids[id])
+		}
+	}
+	totals, _ = st.UsageTotals(context.Background(), store.UsageQuery{})
+	for _, u := range totals {
+		if u.Requests > 0 && (u.PromptTokens == 0 || u.CompletionTokens == 0) {
+			t.Fatalf("a partial record: %+v", u)
+		}
+	}
+	t.Logf("%d answers before and %d during the run SIGKILLed, %d records", len(answered), len(more), len(ids))
+}

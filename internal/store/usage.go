@@ -1,0 +1,112 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// UsageRecord is what one inference request used.
+type UsageRecord struct {
+	RequestID, TenantID, KeyID, Model string
+	// Status is the answer's HTTP status.
+	Status                                       int
+	PromptTokens, CompletionTokens, CachedTokens int
+	// TTFT is the time to the answer's first byte, Duration to its end.
+	TTFT, Duration time.Duration
+	CreatedAt      time.Time
+}
+
+// InsertUsage records rs in one transaction: all of them or none. The
+// commit survives the process being killed; the machine losing power may
+// lose the last ones (see Store.appDurable).
+func (s *Store) InsertUsage(ctx context.Context, rs []UsageRecord) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	return txOn(ctx, s.appDurable, func(tx *sql.Tx) error {
+		stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage (request_id, tenant_id, key_id, model, status, prompt_tokens,
+			completion_tokens, cached_tokens, ttft_us, duration_us, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+		if err != nil {
+			return fmt.Errorf("record usage: %w", err)
+		}
+		defer stmt.Close()
+		for _, r := range rs {
+			if r.CreatedAt.IsZero() {
+				r.CreatedAt = s.now()
+			}
+			if _, err := stmt.ExecContext(ctx, r.RequestID, r.TenantID, r.KeyID, r.Model, r.Status, r.PromptTokens, r.CompletionTokens,
+				r.CachedTokens, r.TTFT.Microseconds(), r.Duration.Microseconds(), stamp(r.CreatedAt)); err != nil {
+				return fmt.Errorf("record usage of %s: %w", r.RequestID, err)
+			}
+		}
+		return nil
+	})
+}
+
+// UsageQuery selects usage for UsageTotals.
+type UsageQuery struct {
+	// Tenant keeps one tenant's records ("" keeps every tenant's).
+	Tenant string
+	// Since and Until bound the records' times (zero: unbounded).
+	Since, Until time.Time
+}
+
+// UsageTotal sums the records of one tenant, model and UTC day.
+type UsageTotal struct {
+	TenantID, Model, Day                         string
+	Requests                                     int
+	PromptTokens, CompletionTokens, CachedTokens int64
+}
+
+// UsageTotals sums the selected records by tenant, model and UTC day.
+func (s *Store) UsageTotals(ctx context.Context, q UsageQuery) ([]UsageTotal, error) {
+	where, args := "1", []any{}
+	if q.Tenant != "" {
+		where, args = where+" AND tenant_id = ?", append(args, q.Tenant)
+	}
+	if !q.Since.IsZero() {
+		where, args = where+" AND created_at >= ?", append(args, stamp(q.Since))
+	}
+	if !q.Until.IsZero() {
+		where, args = where+" AND created_at < ?", append(args, stamp(q.Until))
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT tenant_id, model, date(created_at / 1000000000, 'unixepoch') AS day, COUNT(*),
+		SUM(prompt_tokens), SUM(completion_tokens), SUM(cached_tokens) FROM usage WHERE `+where+`
+		GROUP BY tenant_id, model, day ORDER BY day, tenant_id, model`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("sum usage: %w", err)
+	}
+	defer rows.Close()
+	var out []UsageTotal
+	for rows.Next() {
+		var u UsageTotal
+		if err := rows.Scan(&u.TenantID, &u.Model, &u.Day, &u.Requests, &u.PromptTokens, &u.CompletionTokens, &u.CachedTokens); err != nil {
+			return nil, fmt.Errorf("sum usage: %w", err)
+		}
+		out = append(out, u)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sum usage: %w", err)
+	}
+	return out, nil
+}
+
+// UsageRequestIDs returns the request ids of every record (for checks).
+func (s *Store) UsageRequestIDs(ctx context.Context) (map[string]int, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT request_id FROM usage`)
+	if err != nil {
+		return nil, fmt.Errorf("read usage: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("read usage: %w", err)
+		}
+		out[id]++
+	}
+	return out, rows.Err()
+}
