@@ -338,7 +338,8 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 	}
 	// The admission check sets its own headers (Retry-After, the limits').
 	var refused *openai.Error
-	if body, refused = a.admit(rec, req, ir, body); refused != nil {
+	var flow Flow
+	if body, flow, refused = a.admit(rec, req, ir, body); refused != nil {
 		writeError(w, refused, 0)
 		return "", nil, nil
 	}
@@ -378,7 +379,7 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		var release ReleaseFunc
 		r.waiting.Add(1)
 		asked := time.Now()
-		ticket, err := r.buffer.Acquire(ctx, ir.Priority, deadline, func() bool {
+		ticket, err := r.buffer.AcquireFlow(ctx, ir.Priority, flow, deadline, func() bool {
 			var ok bool
 			id, release, ok = r.pool.Pick(key, failed...)
 			return ok

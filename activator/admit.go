@@ -46,6 +46,9 @@ type Admitted struct {
 	// Done, when set, is called once the request is over, with how it
 	// ended.
 	Done func(Outcome)
+	// Flow is whose turn the request takes in the buffer's fair order
+	// (a tenant's id; "" for the shared flow).
+	Flow string
 	// Hold keeps the end of a successful answer (the last byte of a plain
 	// one, the closing [DONE] event of a stream) from the client until
 	// Done has returned: a client never holds a whole answer whose Done
@@ -59,34 +62,51 @@ type Admit func(ctx context.Context, w http.ResponseWriter, r AdmitRequest) (Adm
 
 // admit runs the admission check on a parsed request and returns the body
 // to forward (with max_tokens set when the check asked for it).
-func (a *Activator) admit(rec *recorder, req *http.Request, ir inferenceRequest, body []byte) ([]byte, *openai.Error) {
+func (a *Activator) admit(rec *recorder, req *http.Request, ir inferenceRequest, body []byte) ([]byte, Flow, *openai.Error) {
 	if a.opts.Admit == nil {
-		return body, nil
+		return body, Flow{}, nil
 	}
-	max := 0
+	asked := 0
 	switch {
 	case ir.MaxTokens != nil:
-		max = *ir.MaxTokens
+		asked = *ir.MaxTokens
 	case ir.MaxCompletionTokens != nil:
-		max = *ir.MaxCompletionTokens
+		asked = *ir.MaxCompletionTokens
 	}
-	got, e := a.opts.Admit(req.Context(), rec, AdmitRequest{Model: ir.Model, PromptBytes: len(ir.Prompt) + len(ir.Messages), MaxTokens: max,
+	got, e := a.opts.Admit(req.Context(), rec, AdmitRequest{Model: ir.Model, PromptBytes: len(ir.Prompt) + len(ir.Messages), MaxTokens: asked,
 		RequestID: req.Header.Get("X-Request-Id")})
 	if e != nil {
-		return nil, e
+		return nil, Flow{}, e
 	}
 	rec.done, rec.hold = got.Done, got.Hold && got.Done != nil
-	if got.MaxTokens > 0 && max == 0 {
+	flow := Flow{ID: got.Flow, Cost: float64(len(ir.Prompt) + len(ir.Messages) + outputBound(asked, got.MaxTokens))}
+	if got.MaxTokens > 0 && asked == 0 {
 		var fields map[string]json.RawMessage
 		if err := json.Unmarshal(body, &fields); err != nil {
-			return nil, openai.InvalidRequest("", "request body must be a JSON object")
+			return nil, Flow{}, openai.InvalidRequest("", "request body must be a JSON object")
 		}
 		fields["max_tokens"] = json.RawMessage(strconv.Itoa(got.MaxTokens))
 		out, err := json.Marshal(fields)
 		if err != nil {
-			return nil, openai.ServerError("set max_tokens: %v", err)
+			return nil, Flow{}, openai.ServerError("set max_tokens: %v", err)
 		}
-		return out, nil
+		return out, flow, nil
 	}
-	return body, nil
+	return body, flow, nil
 }
+
+// outputBound is the output a request is weighed with in the fair order:
+// its max_tokens, else the one admission set, else defaultFlowTokens.
+func outputBound(asked, set int) int {
+	switch {
+	case asked > 0:
+		return asked
+	case set > 0:
+		return set
+	}
+	return defaultFlowTokens
+}
+
+// defaultFlowTokens is the output a request that bounds none is weighed
+// with in the fair order.
+const defaultFlowTokens = 256

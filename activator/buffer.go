@@ -88,6 +88,45 @@ type Buffer struct {
 	// epoch counts Notify calls (and hand-overs); Acquire compares it
 	// across a failed pick to detect a wake-up it could have missed.
 	epoch atomic.Uint64
+
+	// Fair queuing among flows (start-time fair queuing): vclock is the
+	// start tag of the last request served, finish each flow's last
+	// finish tag.
+	vclock float64
+	finish map[string]float64
+}
+
+// Flow is who a request is for, in the buffer's fair order: within a
+// priority, requests wait in start-time fair queuing order, each tagged
+// start = max(the virtual clock, its flow's last finish) and finish =
+// start + Cost, and the lowest start goes first. So a flow (a tenant)
+// sending ten times more than another takes turns with it rather than
+// queueing it behind its backlog; requests of one flow keep their order.
+// The zero Flow is one shared flow: plain arrival order.
+type Flow struct {
+	// ID names the flow ("" for the shared one).
+	ID string
+	// Cost is the request's weight: an upper bound of its tokens (at
+	// least 1).
+	Cost float64
+}
+
+// tagLocked gives a request of flow its start tag and advances the
+// flow's finish tag; b.mu is held.
+func (b *Buffer) tagLocked(f Flow) float64 {
+	if b.finish == nil {
+		b.finish = map[string]float64{}
+	}
+	start := max(b.vclock, b.finish[f.ID])
+	b.finish[f.ID] = start + max(f.Cost, 1)
+	if len(b.finish) > 4096 { // forget flows with no credit or debt left
+		for id, fin := range b.finish {
+			if fin <= b.vclock {
+				delete(b.finish, id)
+			}
+		}
+	}
+	return start
 }
 
 // Ticket describes how a request got through a Buffer.
@@ -108,15 +147,22 @@ type bufferWaiter struct {
 	granted  bool
 	acquire  bool          // waits through Acquire (counts in settling when granted)
 	ready    chan struct{} // one token per grant
+	// start is the request's virtual start tag among the flows (see
+	// Flow): within a priority, lower starts go first.
+	start float64
 }
 
-// waiterHeap orders waiters by priority (higher first), then arrival.
+// waiterHeap orders waiters by priority (higher first), then by virtual
+// start tag (the fair share of their flows), then arrival.
 type waiterHeap []*bufferWaiter
 
 func (h waiterHeap) Len() int { return len(h) }
 func (h waiterHeap) Less(i, j int) bool {
 	if h[i].priority != h[j].priority {
 		return h[i].priority > h[j].priority
+	}
+	if h[i].start != h[j].start {
+		return h[i].start < h[j].start
 	}
 	return h[i].seq < h[j].seq
 }
@@ -186,6 +232,7 @@ func (b *Buffer) grantLocked(n int) int {
 	granted := 0
 	for ; n > 0 && b.queue.Len() > 0; n-- {
 		w := heap.Pop(&b.queue).(*bufferWaiter)
+		b.vclock = max(b.vclock, w.start)
 		w.granted = true
 		if w.acquire {
 			b.settling++
@@ -216,6 +263,7 @@ func (b *Buffer) Wait(ctx context.Context, priority int, deadline time.Time) err
 	}
 	w := &bufferWaiter{priority: priority, index: -1, ready: make(chan struct{}, 1)}
 	b.mu.Lock()
+	w.start = b.vclock
 	err := b.enqueueLocked(w)
 	b.mu.Unlock()
 	if err != nil {
@@ -244,6 +292,13 @@ func (b *Buffer) Wait(ctx context.Context, priority int, deadline time.Time) err
 // never under the buffer's lock, and may run after ctx has ended only if
 // it ended during the call.
 func (b *Buffer) Acquire(ctx context.Context, priority int, deadline time.Time, try func() bool) (Ticket, error) {
+	return b.AcquireFlow(ctx, priority, Flow{}, deadline, try)
+}
+
+// AcquireFlow is Acquire for a request of flow: one that waits takes its
+// turn among the flows of its priority (see Flow); one that gets room at
+// once is charged to its flow all the same.
+func (b *Buffer) AcquireFlow(ctx context.Context, priority int, flow Flow, deadline time.Time, try func() bool) (Ticket, error) {
 	if try == nil {
 		return Ticket{}, errors.New("activator buffer: Acquire needs a try function")
 	}
@@ -253,6 +308,7 @@ func (b *Buffer) Acquire(ctx context.Context, priority int, deadline time.Time, 
 			return Ticket{}, err
 		}
 		if try() {
+			b.charge(flow)
 			return Ticket{Priority: priority}, nil
 		}
 		return Ticket{}, ErrDeadline
@@ -270,6 +326,7 @@ func (b *Buffer) Acquire(ctx context.Context, priority int, deadline time.Time, 
 		epoch := b.epoch.Load()
 		b.mu.Unlock()
 		if try() {
+			b.charge(flow)
 			return Ticket{Priority: priority}, nil
 		}
 		b.mu.Lock()
@@ -280,6 +337,11 @@ func (b *Buffer) Acquire(ctx context.Context, priority int, deadline time.Time, 
 		b.mu.Unlock()
 	}
 	w := newAcquireWaiter(priority)
+	if flow.ID != "" {
+		w.start = b.tagLocked(flow)
+	} else {
+		w.start = b.vclock
+	}
 	err := b.enqueueLocked(w)
 	b.mu.Unlock()
 	if err != nil {
@@ -330,6 +392,18 @@ func (b *Buffer) Acquire(ctx context.Context, priority int, deadline time.Time, 
 		}
 		timers.resetRetry()
 	}
+}
+
+// charge counts a request of flow that got room without waiting against
+// its flow's share (the shared flow is not counted: it is in arrival
+// order anyway).
+func (b *Buffer) charge(flow Flow) {
+	if flow.ID == "" {
+		return
+	}
+	b.mu.Lock()
+	b.tagLocked(flow)
+	b.mu.Unlock()
 }
 
 func newAcquireWaiter(priority int) *bufferWaiter {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -490,5 +491,84 @@ func BenchmarkBufferAcquireNoWait(b *testing.B) {
 		if _, err := buf.Acquire(ctx, 0, time.Time{}, yes); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestBufferFlowsTakeTurns: with one flow's backlog of 40 waiting, a
+// second flow's 4 requests, queued after it, are served in turn with it
+// (start-time fair queuing), not after its backlog; each flow keeps its
+// own order, and priority still comes first.
+func TestBufferFlowsTakeTurns(t *testing.T) {
+	b := NewBufferWithOptions(BufferOptions{Capacity: 100, RetryInterval: -1})
+	var mu sync.Mutex
+	var order []string
+	var room atomic.Int32
+	try := func() bool {
+		for {
+			n := room.Load()
+			if n <= 0 {
+				return false
+			}
+			if room.CompareAndSwap(n, n-1) {
+				return true
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	queue := func(name string, priority int, flow Flow) {
+		want := b.Len() + 1
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := b.AcquireFlow(context.Background(), priority, flow, time.Time{}, try); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, name)
+			mu.Unlock()
+		}()
+		for b.Len() < want {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for i := range 40 {
+		queue(fmt.Sprint("heavy", i), 0, Flow{ID: "heavy", Cost: 10})
+	}
+	for i := range 4 {
+		queue(fmt.Sprint("light", i), 0, Flow{ID: "light", Cost: 10})
+	}
+	queue("urgent", 50, Flow{ID: "heavy", Cost: 10})
+	for i := range 45 {
+		room.Add(1)
+		b.Notify(1)
+		for { // one at a time, so the order is the buffer's
+			mu.Lock()
+			n := len(order)
+			mu.Unlock()
+			if n == i+1 {
+				break
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	wg.Wait()
+	if order[0] != "urgent" {
+		t.Fatalf("the higher priority went %v, not first", order[:3])
+	}
+	lastLight, heavySeen := 0, 0
+	for i, name := range order {
+		if strings.HasPrefix(name, "light") {
+			lastLight = i
+		}
+		if strings.HasPrefix(name, "heavy") {
+			if name != fmt.Sprint("heavy", heavySeen) {
+				t.Fatalf("heavy's own order broke: %v", order)
+			}
+			heavySeen++
+		}
+	}
+	if lastLight > 9 {
+		t.Fatalf("the light flow's 4 requests were served by position %d of %v; fair turns would serve them within the first 9", lastLight, order)
 	}
 }

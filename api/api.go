@@ -120,6 +120,7 @@ func New(o Options) http.Handler {
 	}
 	if o.Tenancy != nil {
 		mountTenancy(r, o.Tenancy, o.MaxBodyBytes)
+		mountUsage(r, o.Tenancy)
 	}
 	r.GET("/health", func(c *gin.Context) { c.String(http.StatusOK, "ok") })
 

@@ -88,10 +88,14 @@ func (u *usageLog) commit() {
 // the client (activator.Admitted.Hold).
 func (s *Service) Admit(ctx context.Context, w http.ResponseWriter, r activator.AdmitRequest) (activator.Admitted, *openai.Error) {
 	adm, e := s.admitLimits(ctx, w, r)
-	if e != nil || s.usage == nil {
+	if e != nil {
 		return adm, e
 	}
 	p, _ := FromContext(ctx)
+	adm.Flow = p.TenantID // tenants take turns in the activator's buffer
+	if s.usage == nil {
+		return adm, nil
+	}
 	limitsDone := adm.Done
 	adm.Hold = true
 	adm.Done = func(o activator.Outcome) {

@@ -162,9 +162,10 @@ func newAdminCmd() *cobra.Command {
 	c := &adminClient{}
 	cmd := &cobra.Command{
 		Use:   "admin",
-		Short: "Manage the tenants and API keys of stoke serve",
+		Short: "Manage the tenants and API keys of stoke serve, and read their usage",
 		Long: `Admin drives the /admin endpoints of a running stoke serve: create, list
-and delete tenants, and create, list and revoke their API keys (sk-stoke-…).
+and delete tenants, create, list and revoke their API keys (sk-stoke-…),
+and read the usage recorded per tenant, model and day.
 Every request carries the admin key as its bearer token: the first line of
 --admin-key-file, else --admin-key, else $STOKE_ADMIN_KEY (the file or the
 variable keep it out of the process list and the shell history). The admin
@@ -185,7 +186,7 @@ key is never printed.`,
 		Short: "Create, list and revoke the API keys of tenants",
 	}
 	key.AddCommand(newAdminKeyCreateCmd(c), newAdminKeyListCmd(c), newAdminKeyRevokeCmd(c))
-	cmd.AddCommand(tenant, key)
+	cmd.AddCommand(tenant, key, newAdminUsageCmd(c))
 	return cmd
 }
 
@@ -468,4 +469,97 @@ with --json.`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the server's key object")
 	return cmd
+}
+
+// usageTotal is the total of one tenant, model and UTC day as
+// /admin/usage answers it.
+type usageTotal struct {
+	TenantID         string `json:"tenant_id"`
+	Tenant           string `json:"tenant"`
+	Model            string `json:"model"`
+	Day              string `json:"day"`
+	Requests         int64  `json:"requests"`
+	PromptTokens     int64  `json:"prompt_tokens"`
+	CompletionTokens int64  `json:"completion_tokens"`
+	CachedTokens     int64  `json:"cached_tokens"`
+}
+
+func newAdminUsageCmd(c *adminClient) *cobra.Command {
+	var (
+		tenant, model, since, until string
+		asCSV, asJSON               bool
+	)
+	cmd := &cobra.Command{
+		Use:   "usage",
+		Short: "Show the usage of tenants per model and day",
+		Long: `Usage prints the requests and tokens (prompt, completion, cached) that
+stoke serve recorded, summed per tenant, model and UTC day: a table with a
+total row, or the server's CSV (--csv, with a header row) or JSON (--json).
+--tenant (an id or a name) and --model keep one tenant's or model's usage;
+--since and --until (YYYY-MM-DD, UTC, both days included) bound the days.
+Requests made with no tenant (auth off, or the admin key) show as "-".`,
+		Args: cobra.NoArgs,
+		RunE: oneLine(func(cmd *cobra.Command, args []string) error {
+			if asCSV && asJSON {
+				return errors.New("admin usage: --csv and --json: give one of them")
+			}
+			q := url.Values{}
+			for k, v := range map[string]string{"tenant": tenant, "model": model, "since": since, "until": until} {
+				if v != "" {
+					q.Set(k, v)
+				}
+			}
+			if asCSV {
+				q.Set("format", "csv")
+			}
+			path := "/admin/usage"
+			if len(q) > 0 {
+				path += "?" + q.Encode()
+			}
+			var list struct {
+				Data []usageTotal `json:"data"`
+			}
+			var out any = &list
+			if asCSV {
+				out = nil
+			}
+			raw, err := c.do(cmd.Context(), http.MethodGet, path, nil, out)
+			if err != nil {
+				return fmt.Errorf("admin usage: %w", err)
+			}
+			w := cmd.OutOrStdout()
+			if asCSV || asJSON {
+				return printJSON(w, raw) // the raw answer on its own lines
+			}
+			return usageTable(w, list.Data)
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&tenant, "tenant", "", "only this tenant's usage: its id or name")
+	f.StringVar(&model, "model", "", "only this model's usage")
+	f.StringVar(&since, "since", "", "from this UTC day on, included (YYYY-MM-DD)")
+	f.StringVar(&until, "until", "", "up to this UTC day, included (YYYY-MM-DD)")
+	f.BoolVar(&asCSV, "csv", false, "print the server's CSV (a header row, then a row per tenant, model and day)")
+	f.BoolVar(&asJSON, "json", false, "print the server's JSON list")
+	return cmd
+}
+
+// usageTable writes totals as a table, with a total row when there are
+// several.
+func usageTable(w io.Writer, totals []usageTotal) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DAY\tTENANT\tNAME\tMODEL\tREQUESTS\tPROMPT_TOKENS\tCOMPLETION_TOKENS\tCACHED_TOKENS")
+	var sum usageTotal
+	for _, u := range totals {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", u.Day, orDash(u.TenantID), orDash(u.Tenant), orDash(u.Model), u.Requests,
+			u.PromptTokens, u.CompletionTokens, u.CachedTokens)
+		sum.Requests += u.Requests
+		sum.PromptTokens += u.PromptTokens
+		sum.CompletionTokens += u.CompletionTokens
+		sum.CachedTokens += u.CachedTokens
+	}
+	if len(totals) > 1 {
+		fmt.Fprintf(tw, "TOTAL\t\t\t\t%d\t%d\t%d\t%d\n", sum.Requests, sum.PromptTokens, sum.CompletionTokens, sum.CachedTokens)
+	}
+	return tw.Flush()
 }

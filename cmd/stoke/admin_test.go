@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -345,5 +347,256 @@ func TestAdminCLIClient(t *testing.T) {
 	after, auth := fake.requests()
 	if err == nil || !strings.Contains(err.Error(), "no admin key given") || after != before+1 || auth != "" {
 		t.Fatalf("no admin key: %v, Authorization %q", err, auth)
+	}
+}
+
+// completeWithKey sends a short completion with key as the bearer token
+// and returns the tokens its answer's usage counts.
+func completeWithKey(t *testing.T, base, key, prompt string) (promptTokens, completionTokens int64) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/completions",
+		strings.NewReader(`{"model":"chat","prompt":`+strconv.Quote(prompt)+`,"max_tokens":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Usage struct {
+			PromptTokens     int64 `json:"prompt_tokens"`
+			CompletionTokens int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &body) != nil || body.Usage.PromptTokens == 0 || body.Usage.CompletionTokens == 0 {
+		t.Fatalf("completion: %d %s", resp.StatusCode, raw)
+	}
+	return body.Usage.PromptTokens, body.Usage.CompletionTokens
+}
+
+// TestAdminUsageCLI drives `stoke admin usage` against a real `stoke
+// serve` on sim engines: the completions a tenant's key sent are counted,
+// to the token, the same in the table, --json and --csv; --tenant,
+// --model and the days filter; mistakes are one line.
+func TestAdminUsageCLI(t *testing.T) {
+	if newServeCmd().Flags().Lookup("admin-key-file") == nil {
+		t.Skip("stoke serve has no --admin-key-file yet (issue 15's server side)")
+	}
+	bucketDir := t.TempDir()
+	pushTo(t, bucketDir, "chat", "replicas:\n  min: 1\n  max: 1\n")
+	const adminKey = "stoke-admin-usage-3b7d0c19a4e6"
+	keyFile := filepath.Join(t.TempDir(), "admin-key")
+	if err := os.WriteFile(keyFile, []byte(adminKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	data := t.TempDir()
+	killEnginesAtEnd(t, data)
+	base := startServe(t, []string{adminKeyEnv + "="}, "--data", data, "--bucket", "file://"+bucketDir, "--watch-interval", "100ms",
+		"--warm", "0", "--slots", "1", "--sim-profile", "llama-3.1-8b-fp8-h100", "--admin-key-file", keyFile)
+	admin := func(args ...string) (stdout, stderr string, err error) {
+		t.Helper()
+		return batchCLI(t, append(append([]string{"admin"}, args...), "--url", base, "--admin-key-file", keyFile)...)
+	}
+
+	stdout, _, err := admin("tenant", "create", "acme")
+	tid := strings.TrimSpace(stdout)
+	if err != nil || tid == "" {
+		t.Fatalf("tenant create: %v %q", err, stdout)
+	}
+	stdout, _, err = admin("key", "create", "--tenant", "acme")
+	key := strings.TrimSpace(stdout)
+	if err != nil || !strings.HasPrefix(key, "sk-stoke-") {
+		t.Fatalf("key create: %v", err)
+	}
+	// Before any request: no usage, the header alone.
+	if stdout, _, err = admin("usage", "--csv"); err != nil || strings.TrimSpace(stdout) != "tenant_id,tenant,model,day,requests,prompt_tokens,completion_tokens,cached_tokens" {
+		t.Fatalf("usage --csv of no usage: %v\n%s", err, stdout)
+	}
+	waitUntil(t, "chat has a ready replica", 60*time.Second, func() bool {
+		req, _ := http.NewRequest(http.MethodGet, base+"/admin/runtimes", nil)
+		req.Header.Set("Authorization", "Bearer "+adminKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var rts struct{ Data []runtimeJSON }
+		json.NewDecoder(resp.Body).Decode(&rts)
+		for _, r := range rts.Data {
+			if r.Model == "chat" && r.State == "ready" {
+				return true
+			}
+		}
+		return false
+	})
+
+	const sent = 3
+	var wantPrompt, wantCompletion int64
+	for i := range sent {
+		p, c := completeWithKey(t, base, key, fmt.Sprintf("usage request %d", i))
+		wantPrompt, wantCompletion = wantPrompt+p, wantCompletion+c
+	}
+	// One with the admin key: usage of no tenant.
+	completeWithKey(t, base, adminKey, "the operator's request")
+
+	type total struct {
+		TenantID         string `json:"tenant_id"`
+		Tenant           string `json:"tenant"`
+		Model            string `json:"model"`
+		Day              string `json:"day"`
+		Requests         int64  `json:"requests"`
+		PromptTokens     int64  `json:"prompt_tokens"`
+		CompletionTokens int64  `json:"completion_tokens"`
+		CachedTokens     int64  `json:"cached_tokens"`
+	}
+	// sums adds the totals up per tenant id (a run across midnight UTC
+	// has two days).
+	sums := func(ts []total) map[string]total {
+		out := map[string]total{}
+		for _, u := range ts {
+			s := out[u.TenantID]
+			if u.Model != "chat" || u.TenantID == tid && u.Tenant != "acme" || u.TenantID == "" && u.Tenant != "" {
+				t.Fatalf("total %+v: want model chat and the tenant's name", u)
+			}
+			if _, err := time.Parse("2006-01-02", u.Day); err != nil {
+				t.Fatalf("total %+v: day %v", u, err)
+			}
+			s.Requests += u.Requests
+			s.PromptTokens += u.PromptTokens
+			s.CompletionTokens += u.CompletionTokens
+			s.CachedTokens += u.CachedTokens
+			out[u.TenantID] = s
+		}
+		return out
+	}
+	asJSON := func(args ...string) []total {
+		t.Helper()
+		stdout, _, err := admin(append([]string{"usage", "--json"}, args...)...)
+		var list struct {
+			Object string  `json:"object"`
+			Data   []total `json:"data"`
+		}
+		if err != nil || json.Unmarshal([]byte(stdout), &list) != nil || list.Object != "list" {
+			t.Fatalf("usage --json %v: %v\n%s", args, err, stdout)
+		}
+		return list.Data
+	}
+	asCSV := func(args ...string) []total {
+		t.Helper()
+		stdout, _, err := admin(append([]string{"usage", "--csv"}, args...)...)
+		if err != nil {
+			t.Fatalf("usage --csv %v: %v", args, err)
+		}
+		rows, err := csv.NewReader(strings.NewReader(stdout)).ReadAll()
+		if err != nil || len(rows) == 0 || strings.Join(rows[0], ",") != "tenant_id,tenant,model,day,requests,prompt_tokens,completion_tokens,cached_tokens" {
+			t.Fatalf("usage --csv %v: %v\n%s", args, err, stdout)
+		}
+		out := []total{}
+		for _, r := range rows[1:] {
+			u := total{TenantID: r[0], Tenant: r[1], Model: r[2], Day: r[3]}
+			for i, p := range []*int64{&u.Requests, &u.PromptTokens, &u.CompletionTokens, &u.CachedTokens} {
+				if *p, err = strconv.ParseInt(r[4+i], 10, 64); err != nil {
+					t.Fatalf("usage --csv %v: row %q: %v", args, r, err)
+				}
+			}
+			out = append(out, u)
+		}
+		return out
+	}
+
+	all := asJSON()
+	got := sums(all)
+	if a := got[tid]; a.Requests != sent || a.PromptTokens != wantPrompt || a.CompletionTokens != wantCompletion {
+		t.Fatalf("usage --json: acme %+v, want %d requests, %d prompt and %d completion tokens\n%+v", a, sent, wantPrompt, wantCompletion, all)
+	}
+	if n := got[""]; n.Requests != 1 || len(got) != 2 {
+		t.Fatalf("usage --json: %+v, want acme's and one request of no tenant", got)
+	}
+	if c := asCSV(); fmt.Sprint(c) != fmt.Sprint(all) {
+		t.Fatalf("usage --csv\n%+v\nusage --json\n%+v", c, all)
+	}
+	for _, by := range []string{tid, "acme"} {
+		only := asJSON("--tenant", by)
+		if s := sums(only); len(s) != 1 || s[tid] != got[tid] {
+			t.Fatalf("usage --json --tenant %s: %+v", by, only)
+		}
+		if c := asCSV("--tenant", by); fmt.Sprint(c) != fmt.Sprint(only) {
+			t.Fatalf("usage --csv --tenant %s: %+v, JSON %+v", by, c, only)
+		}
+	}
+	today := time.Now().UTC()
+	if d := asJSON("--model", "chat", "--since", today.AddDate(0, 0, -1).Format("2006-01-02"), "--until", today.AddDate(0, 0, 1).Format("2006-01-02")); fmt.Sprint(d) != fmt.Sprint(all) {
+		t.Fatalf("usage of chat from yesterday to tomorrow: %+v, want %+v", d, all)
+	}
+	for _, args := range [][]string{{"--model", "other"}, {"--since", today.AddDate(0, 0, 2).Format("2006-01-02")}, {"--tenant", "nobody"}} {
+		if d := asJSON(args...); len(d) != 0 {
+			t.Fatalf("usage --json %v: %+v, want none", args, d)
+		}
+	}
+
+	// The table: a row per total and their total.
+	stdout, _, err = admin("usage")
+	if err != nil || !strings.HasPrefix(stdout, "DAY") || !strings.Contains(stdout, tid) || !strings.Contains(stdout, "acme") {
+		t.Fatalf("usage: %v\n%s", err, stdout)
+	}
+	last := strings.Fields(strings.TrimSpace(stdout[strings.LastIndex(strings.TrimSpace(stdout), "\n")+1:]))
+	if len(last) != 5 || last[0] != "TOTAL" || last[1] != strconv.Itoa(sent+1) {
+		t.Fatalf("usage's last row %q: want TOTAL and %d requests\n%s", last, sent+1, stdout)
+	}
+
+	// The tenant's own key reads its own usage on /v1, and no admin's.
+	req, _ := http.NewRequest(http.MethodGet, base+"/v1/usage", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var own struct{ Data []total }
+	json.NewDecoder(resp.Body).Decode(&own)
+	resp.Body.Close()
+	if s := sums(own.Data); resp.StatusCode != http.StatusOK || len(s) != 1 || s[tid] != got[tid] {
+		t.Fatalf("GET /v1/usage with acme's key: %d %+v", resp.StatusCode, own.Data)
+	}
+	if _, _, err := batchCLI(t, "admin", "usage", "--url", base, "--admin-key", key); err == nil {
+		t.Fatal("usage with a tenant's key: no error")
+	}
+
+	// Mistakes, one line each.
+	_, _, err = admin("usage", "--since", "last-week")
+	wantAdminError(t, "usage --since last-week", err, http.StatusBadRequest, "")
+	if !strings.HasPrefix(err.Error(), "admin usage: ") || !strings.Contains(err.Error(), "since") {
+		t.Fatalf("usage --since last-week: %q", err)
+	}
+	if _, _, err = admin("usage", "--csv", "--json"); err == nil || !strings.Contains(err.Error(), "give one of them") {
+		t.Fatalf("usage --csv --json: %v", err)
+	}
+	code, msg := stokeProcess(t, nil, 30*time.Second, "admin", "usage", "--until", "2025-02-30", "--url", base, "--admin-key-file", keyFile)
+	wantOneLineError(t, code, msg, "stoke: admin usage: ", "until")
+}
+
+func TestAdminUsageTable(t *testing.T) {
+	var b strings.Builder
+	if err := usageTable(&b, nil); err != nil || strings.TrimSpace(b.String()) != "DAY  TENANT  NAME  MODEL  REQUESTS  PROMPT_TOKENS  COMPLETION_TOKENS  CACHED_TOKENS" {
+		t.Fatalf("no usage: %v %q", err, b.String())
+	}
+	b.Reset()
+	one := usageTotal{TenantID: "tnt_1", Tenant: "acme", Model: "chat", Day: "2025-03-01", Requests: 2, PromptTokens: 10, CompletionTokens: 4, CachedTokens: 1}
+	if err := usageTable(&b, []usageTotal{one}); err != nil || strings.Contains(b.String(), "TOTAL") || !strings.Contains(b.String(), "tnt_1") {
+		t.Fatalf("one total: %v\n%s", err, b.String())
+	}
+	b.Reset()
+	none := usageTotal{Model: "chat", Day: "2025-03-02", Requests: 1, PromptTokens: 5, CompletionTokens: 1}
+	if err := usageTable(&b, []usageTotal{one, none}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 4 || strings.Join(strings.Fields(lines[2]), " ") != "2025-03-02 - - chat 1 5 1 0" ||
+		strings.Join(strings.Fields(lines[3]), " ") != "TOTAL 3 15 5 1" {
+		t.Fatalf("two totals:\n%s", b.String())
 	}
 }

@@ -47,9 +47,17 @@ func (s *Store) InsertUsage(ctx context.Context, rs []UsageRecord) error {
 
 // UsageQuery selects usage for UsageTotals.
 type UsageQuery struct {
-	// Tenant keeps one tenant's records ("" keeps every tenant's).
+	// Tenant keeps one tenant's records ("" keeps every tenant's, unless
+	// ExactTenant).
 	Tenant string
-	// Since and Until bound the records' times (zero: unbounded).
+	// ExactTenant makes Tenant a filter even when it is "": then only the
+	// records of requests with no tenant (auth off, the admin key) are
+	// kept.
+	ExactTenant bool
+	// Model keeps one model's records ("" keeps every model's).
+	Model string
+	// Since and Until bound the records' times: Since included, Until
+	// excluded (zero: unbounded).
 	Since, Until time.Time
 }
 
@@ -60,11 +68,15 @@ type UsageTotal struct {
 	PromptTokens, CompletionTokens, CachedTokens int64
 }
 
-// UsageTotals sums the selected records by tenant, model and UTC day.
+// UsageTotals sums the selected records by tenant, model and UTC day
+// (YYYY-MM-DD), ordered by day, tenant and model.
 func (s *Store) UsageTotals(ctx context.Context, q UsageQuery) ([]UsageTotal, error) {
 	where, args := "1", []any{}
-	if q.Tenant != "" {
+	if q.Tenant != "" || q.ExactTenant {
 		where, args = where+" AND tenant_id = ?", append(args, q.Tenant)
+	}
+	if q.Model != "" {
+		where, args = where+" AND model = ?", append(args, q.Model)
 	}
 	if !q.Since.IsZero() {
 		where, args = where+" AND created_at >= ?", append(args, stamp(q.Since))
