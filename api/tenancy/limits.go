@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/stokehq/stoke/activator"
+	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
 )
 
@@ -26,14 +28,39 @@ type Limits struct {
 	// MaxTokens caps a request's max_tokens; it is also the max_tokens of
 	// a request that sets none.
 	MaxTokens int `json:"max_tokens,omitempty"`
+	// BudgetTokens caps the tokens answered per BudgetPeriod.
+	BudgetTokens int64 `json:"budget_tokens,omitempty"`
+	// BudgetUSD caps the money spent per BudgetPeriod, each answer priced
+	// by its deployment's price (stoke.yaml's price).
+	BudgetUSD float64 `json:"budget_usd,omitempty"`
+	// BudgetPeriod is the budgets' period: "day" (the default) or
+	// "month", in UTC.
+	BudgetPeriod string `json:"budget_period,omitempty"`
 }
 
-// check refuses negative limits.
+// check refuses negative limits and unknown periods.
 func (l Limits) check() error {
-	if l.RequestsPerMinute < 0 || l.TokensPerMinute < 0 || l.MaxConcurrent < 0 || l.MaxTokens < 0 {
+	switch {
+	case l.RequestsPerMinute < 0 || l.TokensPerMinute < 0 || l.MaxConcurrent < 0 || l.MaxTokens < 0 || l.BudgetTokens < 0:
 		return fmt.Errorf("%w: limits must not be negative", ErrInvalid)
+	case math.IsNaN(l.BudgetUSD) || l.BudgetUSD < 0 || l.BudgetUSD > 1e12:
+		return fmt.Errorf("%w: budget_usd must be from 0 to 1e12", ErrInvalid)
+	case l.BudgetPeriod != "" && l.BudgetPeriod != "day" && l.BudgetPeriod != "month":
+		return fmt.Errorf("%w: budget_period is day or month, not %q", ErrInvalid, l.BudgetPeriod)
 	}
 	return nil
+}
+
+// budgeted reports whether l has a budget.
+func (l Limits) budgeted() bool { return l.BudgetTokens > 0 || l.BudgetUSD > 0 }
+
+// periodStart is the start of the budget period holding now.
+func (l Limits) periodStart(now time.Time) time.Time {
+	now = now.UTC()
+	if l.BudgetPeriod == "month" {
+		return time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	}
+	return time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
 }
 
 // none reports whether l limits nothing.
@@ -75,6 +102,20 @@ type meter struct {
 	limits   Limits
 	log      []*reservation // oldest first
 	inflight int
+	// The budget of the period that started at period: spent is what
+	// answers of the period used (read back from the usage records when
+	// the meter is first used), reserved what requests in flight may.
+	period                   time.Time
+	spentTokens, spentMicro  int64
+	reservedTokens, resMicro int64
+}
+
+// overBudget reports whether reserving tokens and micro (millionths of a
+// US dollar) more could cross the meter's budgets.
+func (m *meter) overBudget(tokens, micro int64) bool {
+	l := m.limits
+	return l.BudgetTokens > 0 && m.spentTokens+m.reservedTokens+tokens > l.BudgetTokens ||
+		l.BudgetUSD > 0 && m.spentMicro+m.resMicro+micro > int64(l.BudgetUSD*1e6)
 }
 
 // prune drops reservations older than the window.
@@ -153,32 +194,46 @@ func (s *Service) admitLimits(ctx context.Context, w http.ResponseWriter, r acti
 		adm.MaxTokens = bound
 	}
 	tokens := r.PromptBytes + bound
+	price := s.price(r.Model)
+	micro := int64(math.Ceil(float64(r.PromptBytes)*max(price.InputPer1M, price.CachedInputPer1M) + float64(bound)*price.OutputPer1M))
 
 	now := s.o.Now()
+	if err := s.loadSpend(ctx, p, tl, kl, now); err != nil {
+		return activator.Admitted{}, openai.ServerError("read the budget's spend: %v", err)
+	}
 	s.limits.mu.Lock()
 	meters := []*meter{s.meterLocked("t:"+p.TenantID, tl), s.meterLocked("k:"+p.KeyID, kl)}
 	var reqWait, tokWait time.Duration
-	concurrent := false
+	concurrent, broke := false, false
 	for _, m := range meters {
 		m.prune(now)
+		if m.limits.budgeted() && m.overBudget(int64(tokens), micro) {
+			broke = true
+		}
 		rw, tw := m.wait(now, tokens)
 		reqWait, tokWait = max(reqWait, rw), max(tokWait, tw)
 		if m.limits.MaxConcurrent > 0 && m.inflight >= m.limits.MaxConcurrent {
 			concurrent = true
 		}
 	}
-	refused := reqWait > 0 || tokWait > 0 || concurrent
+	refused := reqWait > 0 || tokWait > 0 || concurrent || broke
 	res := make([]*reservation, len(meters))
 	if !refused {
 		for i, m := range meters {
 			res[i] = &reservation{at: now, tokens: tokens}
 			m.log = append(m.log, res[i])
 			m.inflight++
+			m.reservedTokens += int64(tokens)
+			m.resMicro += micro
 		}
 	}
 	setRateHeaders(w.Header(), meters, now)
 	s.limits.mu.Unlock()
 
+	if broke {
+		return activator.Admitted{}, &openai.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
+			Message: "You exceeded your current quota: this request could cross the budget of its tenant or key for this period."}
+	}
 	if refused {
 		wait := max(reqWait, tokWait, time.Second)
 		w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
@@ -194,19 +249,83 @@ func (s *Service) admitLimits(ctx context.Context, w http.ResponseWriter, r acti
 		return activator.Admitted{}, &openai.Error{Status: http.StatusTooManyRequests, Type: "requests", Code: "rate_limit_exceeded", Message: msg}
 	}
 	adm.Done = func(o activator.Outcome) {
+		usedTokens, usedMicro := int64(0), int64(0)
+		switch {
+		case o.Status != http.StatusOK: // nothing was served
+		case o.Known:
+			usedTokens = int64(o.Usage.PromptTokens + o.Usage.CompletionTokens)
+			usedMicro = costMicro(price, o.Usage)
+		default: // served, usage unknown: charged its bound
+			usedTokens, usedMicro = int64(tokens), micro
+		}
 		s.limits.mu.Lock()
 		defer s.limits.mu.Unlock()
 		for i, m := range meters {
 			m.inflight--
-			switch {
-			case o.Status != http.StatusOK:
-				res[i].tokens = 0 // nothing was served
-			case o.Known:
-				res[i].tokens = min(res[i].tokens, o.Usage.PromptTokens+o.Usage.CompletionTokens)
+			m.reservedTokens -= int64(tokens)
+			m.resMicro -= micro
+			if m.period.Equal(m.limits.periodStart(now)) {
+				m.spentTokens += usedTokens
+				m.spentMicro += usedMicro
 			}
+			res[i].tokens = int(min(int64(res[i].tokens), usedTokens))
 		}
 	}
 	return adm, nil
+}
+
+// costMicro is what an answer's usage cost at price, in millionths of a
+// US dollar.
+func costMicro(price config.Price, u openai.Usage) int64 {
+	cached := 0
+	if u.PromptTokensDetails != nil {
+		cached = u.PromptTokensDetails.CachedTokens
+	}
+	return int64(math.Round(price.Cost(u.PromptTokens, cached, u.CompletionTokens) * 1e6))
+}
+
+// price is a model's price (zero when unknown or free).
+func (s *Service) price(model string) config.Price {
+	if s.o.Price == nil {
+		return config.Price{}
+	}
+	return s.o.Price(model)
+}
+
+// loadSpend makes sure the budgeted meters of p's tenant and key know
+// their current period's spend, reading it back from the usage records at
+// a meter's first use and starting from zero when a new period begins.
+func (s *Service) loadSpend(ctx context.Context, p Principal, tl, kl Limits, now time.Time) error {
+	for _, h := range []struct {
+		holder, tenant, key string
+		l                   Limits
+	}{{"t:" + p.TenantID, p.TenantID, "", tl}, {"k:" + p.KeyID, p.TenantID, p.KeyID, kl}} {
+		if !h.l.budgeted() {
+			continue
+		}
+		start := h.l.periodStart(now)
+		s.limits.mu.Lock()
+		m := s.meterLocked(h.holder, h.l)
+		loaded := m.period.Equal(start)
+		fresh := m.period.IsZero()
+		if !loaded && !fresh { // a new period: nothing spent in it yet
+			m.period, m.spentTokens, m.spentMicro = start, 0, 0
+		}
+		s.limits.mu.Unlock()
+		if loaded || !fresh || s.usage == nil {
+			continue
+		}
+		tokens, micro, err := s.o.Store.UsageSpend(ctx, h.tenant, h.key, start)
+		if err != nil {
+			return err
+		}
+		s.limits.mu.Lock()
+		if m.period.IsZero() {
+			m.period, m.spentTokens, m.spentMicro = start, tokens, micro
+		}
+		s.limits.mu.Unlock()
+	}
+	return nil
 }
 
 // meterLocked returns the meter of holder with limits l; s.limits.mu is

@@ -2,14 +2,18 @@ package tenancy
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stokehq/stoke/activator"
+	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
+	"github.com/stokehq/stoke/internal/store"
 )
 
 // TestAdmitNeverOvershoots: 200 concurrent admissions against a tokens-
@@ -118,5 +122,82 @@ func TestAdmitReconcilesAndCaps(t *testing.T) {
 	// Without a principal (auth off) nothing is limited.
 	if adm, e := s.Admit(ctx, httptest.NewRecorder(), activator.AdmitRequest{PromptBytes: 1 << 20}); e != nil || adm.Done != nil {
 		t.Fatalf("no principal: %+v %v", adm, e)
+	}
+}
+
+// TestAdmitBudgets: against a token and, separately, a money budget, 200
+// concurrent requests never spend past it (the bounds are reserved before
+// any work; refusals are 429 insufficient_quota); spend is read back from
+// the usage records by a new service (a restarted serve) and starts over
+// with the next period.
+func TestAdmitBudgets(t *testing.T) {
+	price := config.Price{InputPer1M: 2, OutputPer1M: 8}
+	for _, tc := range []struct {
+		name   string
+		limits Limits
+		spent  func(tokens int, micro int64) float64
+		budget float64
+	}{
+		{"tokens", Limits{BudgetTokens: 2000}, func(tok int, _ int64) float64 { return float64(tok) }, 2000},
+		{"money", Limits{BudgetUSD: 0.005, BudgetPeriod: "month"}, func(_ int, micro int64) float64 { return float64(micro) / 1e6 }, 0.005},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+			st, err := store.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			newSvc := func() *Service {
+				s, err := New(ctx, Options{Store: st, RecordUsage: true, Now: func() time.Time { return now },
+					Price: func(string) config.Price { return price }})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}
+			s := newSvc()
+			s.CreateTenant(ctx, "acme", tc.limits)
+			k, _, _ := s.CreateKey(ctx, KeyRequest{Tenant: "acme"})
+			pctx := WithPrincipal(ctx, Principal{TenantID: k.TenantID, KeyID: k.ID})
+			var mu sync.Mutex
+			var tokens int
+			var micro int64
+			var wg sync.WaitGroup
+			for i := range 200 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					w := httptest.NewRecorder()
+					adm, e := s.Admit(pctx, w, activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20, RequestID: fmt.Sprint(i)})
+					if e != nil {
+						if e.Status != http.StatusTooManyRequests || e.Code != "insufficient_quota" {
+							t.Errorf("refusal %d %s", e.Status, e.Code)
+						}
+						return
+					}
+					u := openai.Usage{PromptTokens: 6, CompletionTokens: 20} // what the answer used
+					adm.Done(activator.Outcome{Status: http.StatusOK, Usage: u, Known: true})
+					mu.Lock()
+					tokens += 26
+					micro += costMicro(price, u)
+					mu.Unlock()
+				}()
+			}
+			wg.Wait()
+			if got := tc.spent(tokens, micro); got > tc.budget || got < tc.budget*0.8 {
+				t.Fatalf("spent %v of a budget of %v", got, tc.budget)
+			}
+			// A restarted serve reads the spend back and stays within it.
+			s2 := newSvc()
+			if _, e := s2.Admit(pctx, httptest.NewRecorder(), activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20}); e == nil || e.Code != "insufficient_quota" {
+				t.Fatalf("after a restart the spent budget admitted a request: %v", e)
+			}
+			now = now.AddDate(0, 1, 0) // the next period (a day or a month on)
+			if _, e := s2.Admit(pctx, httptest.NewRecorder(), activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20}); e != nil {
+				t.Fatalf("in the next period: %v", e)
+			}
+		})
 	}
 }

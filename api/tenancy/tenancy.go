@@ -24,6 +24,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/store"
 )
 
@@ -47,6 +48,9 @@ type Options struct {
 	Store *store.Store
 	// AdminKey, when set, is the key of the admin endpoints.
 	AdminKey string
+	// Price, when set, is a model's price, for money budgets and the
+	// usage records' cost.
+	Price func(model string) config.Price
 	// RecordUsage turns usage records on: one per admitted request,
 	// durable before its answer's end reaches the client.
 	RecordUsage bool

@@ -109,6 +109,7 @@ func (s *Service) Admit(ctx context.Context, w http.ResponseWriter, r activator.
 			if d := o.Usage.PromptTokensDetails; d != nil {
 				rec.CachedTokens = d.CachedTokens
 			}
+			rec.CostMicroUSD = costMicro(s.price(r.Model), o.Usage)
 		}
 		s.usage.record(rec)
 	}

@@ -143,76 +143,91 @@ func TestServeRefusesAnOpenPublicAddress(t *testing.T) {
 }
 
 // TestServeLimitsNeverOvershoot: 200 concurrent requests of a tenant with
-// a tokens-per-minute limit through serve (sim engines): the tokens the
-// answers report never add up past the limit, and every refused request
-// got a 429 rate_limit_exceeded with Retry-After and x-ratelimit headers.
+// a tokens-per-minute limit, and separately of one with a money budget,
+// through serve (sim engines, the deployment priced in its stoke.yaml):
+// the tokens (dollars) the answers report never add up past the limit
+// (budget), and every refused request got its 429: rate_limit_exceeded
+// with Retry-After and x-ratelimit headers, insufficient_quota.
 func TestServeLimitsNeverOvershoot(t *testing.T) {
 	bucketDir := t.TempDir()
-	pushTo(t, bucketDir, "chat", "replicas:\n  min: 1\n  max: 1\n")
+	pushTo(t, bucketDir, "chat", "replicas:\n  min: 1\n  max: 1\nprice:\n  input_per_1m: 1000\n  output_per_1m: 4000\n")
 	const adminKey = "admin-test-key-limits-0123456789"
 	base := startServe(t, []string{"STOKE_ADMIN_KEY=" + adminKey}, "--data", t.TempDir(), "--bucket", "file://"+bucketDir,
 		"--watch-interval", "100ms", "--warm", "0", "--slots", "1", "--sim-profile", "llama-3.1-8b-fp8-h100")
-	const tpm = 3000
-	if code := adminPost(t, base, adminKey, "/admin/tenants", `{"name":"acme","limits":{"tokens_per_minute":3000}}`, nil); code != 200 {
-		t.Fatalf("create tenant: %d", code)
-	}
-	var key struct{ Key string }
-	adminPost(t, base, adminKey, "/admin/keys", `{"tenant":"acme"}`, &key)
-	waitUntil(t, "chat answers", 60*time.Second, func() bool {
-		req, _ := http.NewRequest(http.MethodGet, base+"/v1/models/chat", nil)
-		req.Header.Set("Authorization", "Bearer "+key.Key)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
-	var (
-		mu               sync.Mutex
-		served, refused  int
-		tokens, problems int
-	)
-	var wg sync.WaitGroup
-	for i := range 200 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			body := fmt.Sprintf(`{"model":"chat","prompt":"request %d","max_tokens":16}`, i)
-			req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(body))
-			req.Header.Set("Authorization", "Bearer "+key.Key)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Error(err)
-				return
+	for _, tc := range []struct {
+		name, limits, code string
+		limit              float64
+		spent              func(prompt, completion int) float64
+	}{
+		{"tokens per minute", `{"tokens_per_minute":3000}`, "rate_limit_exceeded", 3000, func(p, c int) float64 { return float64(p + c) }},
+		{"money budget", `{"budget_usd":2}`, "insufficient_quota", 2, func(p, c int) float64 { return float64(p)*1000/1e6 + float64(c)*4000/1e6 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tenant := strings.ReplaceAll(tc.name, " ", "-")
+			if code := adminPost(t, base, adminKey, "/admin/tenants", `{"name":"`+tenant+`","limits":`+tc.limits+`}`, nil); code != 200 {
+				t.Fatalf("create tenant: %d", code)
 			}
-			defer resp.Body.Close()
-			var out struct {
-				Usage struct {
-					TotalTokens int `json:"total_tokens"`
-				} `json:"usage"`
-				Error struct{ Code string } `json:"error"`
+			var key struct{ Key string }
+			adminPost(t, base, adminKey, "/admin/keys", `{"tenant":"`+tenant+`"}`, &key)
+			waitUntil(t, "chat answers", 60*time.Second, func() bool {
+				req, _ := http.NewRequest(http.MethodGet, base+"/v1/models/chat", nil)
+				req.Header.Set("Authorization", "Bearer "+key.Key)
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				return err == nil && resp.StatusCode == 200
+			})
+			var (
+				mu              sync.Mutex
+				served, refused int
+				spent           float64
+				problems        int
+			)
+			var wg sync.WaitGroup
+			for i := range 200 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					body := fmt.Sprintf(`{"model":"chat","prompt":"request %d","max_tokens":16}`, i)
+					req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(body))
+					req.Header.Set("Authorization", "Bearer "+key.Key)
+					resp, err := http.DefaultClient.Do(req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					defer resp.Body.Close()
+					var out struct {
+						Usage struct {
+							PromptTokens     int `json:"prompt_tokens"`
+							CompletionTokens int `json:"completion_tokens"`
+						} `json:"usage"`
+						Error struct{ Code string } `json:"error"`
+					}
+					json.NewDecoder(resp.Body).Decode(&out)
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case resp.StatusCode == 200:
+						served++
+						spent += tc.spent(out.Usage.PromptTokens, out.Usage.CompletionTokens)
+					case resp.StatusCode == 429 && out.Error.Code == tc.code &&
+						(tc.code != "rate_limit_exceeded" || resp.Header.Get("Retry-After") != "" && resp.Header.Get("x-ratelimit-limit-tokens") == "3000"):
+						refused++
+					default:
+						problems++
+					}
+				}()
 			}
-			json.NewDecoder(resp.Body).Decode(&out)
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case resp.StatusCode == 200:
-				served++
-				tokens += out.Usage.TotalTokens
-			case resp.StatusCode == 429 && out.Error.Code == "rate_limit_exceeded" && resp.Header.Get("Retry-After") != "" &&
-				resp.Header.Get("x-ratelimit-limit-tokens") == fmt.Sprint(tpm):
-				refused++
-			default:
-				problems++
+			wg.Wait()
+			t.Logf("%d served (%.4g of %.4g), %d refused", served, spent, tc.limit, refused)
+			if problems > 0 || served+refused != 200 {
+				t.Fatalf("%d answers were neither served nor the right 429", problems)
 			}
-		}()
-	}
-	wg.Wait()
-	t.Logf("%d served (%d tokens of %d a minute), %d refused", served, tokens, tpm, refused)
-	if problems > 0 || served+refused != 200 {
-		t.Fatalf("%d answers were neither served nor a proper 429", problems)
-	}
-	if tokens > tpm || served == 0 || refused == 0 {
-		t.Fatalf("%d tokens served against a limit of %d a minute (%d served, %d refused)", tokens, tpm, served, refused)
+			if spent > tc.limit || served == 0 || refused == 0 {
+				t.Fatalf("%.4g spent against a limit of %.4g (%d served, %d refused)", spent, tc.limit, served, refused)
+			}
+		})
 	}
 }

@@ -182,7 +182,12 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	tenants, err := tenancy.New(ctx, tenancy.Options{Store: st, AdminKey: adminKey, RecordUsage: !f.noUsage, Registerer: reg})
+	late := &lateController{}
+	tenants, err := tenancy.New(ctx, tenancy.Options{Store: st, AdminKey: adminKey, RecordUsage: !f.noUsage, Registerer: reg,
+		Price: func(model string) config.Price {
+			_, spec, _ := late.Lookup(model)
+			return spec.Price
+		}})
 	if err != nil {
 		return err
 	}
@@ -221,7 +226,6 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if f.routing != "prefix" && f.routing != "least-inflight" {
 		return fmt.Errorf("--routing: %q is not prefix or least-inflight", f.routing)
 	}
-	late := &lateController{}
 	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg,
 		StreamWriteTimeout: f.limits.streamWrite, Authorize: tenancy.AuthorizeModel, Admit: tenants.Admit})
 	var loadCache nodecache.Cache = node.cache

@@ -59,6 +59,30 @@ type Spec struct {
 	IdleDelay Duration `json:"idle_delay"`
 	// Buffer bounds the requests waiting for a replica.
 	Buffer Buffer `json:"buffer"`
+	// Price is what the deployment's tokens cost tenants, in US dollars
+	// per million tokens (tenants' money budgets are charged by it); zero
+	// is free.
+	//
+	// Bounds: [0, 10000] each. No model is priced above $10,000 per
+	// million tokens (the dearest list prices are in the hundreds); a
+	// larger one is a typo.
+	Price Price `json:"price"`
+}
+
+// Price is a deployment's price per million tokens.
+type Price struct {
+	InputPer1M       float64 `json:"input_per_1m"`
+	OutputPer1M      float64 `json:"output_per_1m"`
+	CachedInputPer1M float64 `json:"cached_input_per_1m"`
+}
+
+// MaxPricePer1M bounds each price.
+const MaxPricePer1M = 10000
+
+// Cost is what prompt tokens (cached of them from the prefix cache) and
+// completion tokens cost, in US dollars.
+func (p Price) Cost(prompt, cached, completion int) float64 {
+	return (float64(prompt-cached)*p.InputPer1M + float64(cached)*p.CachedInputPer1M + float64(completion)*p.OutputPer1M) / 1e6
 }
 
 // Replicas bounds a deployment's replica count.
@@ -240,6 +264,14 @@ func (s Spec) Validate() error {
 	} {
 		if err := d.v.check(d.field, d.min, d.max); err != nil {
 			return err
+		}
+	}
+	for _, p := range []struct {
+		field string
+		v     float64
+	}{{"price.input_per_1m", s.Price.InputPer1M}, {"price.output_per_1m", s.Price.OutputPer1M}, {"price.cached_input_per_1m", s.Price.CachedInputPer1M}} {
+		if math.IsNaN(p.v) || p.v < 0 || p.v > MaxPricePer1M {
+			return fieldErr(p.field, "%v is outside [0, %d]", p.v, MaxPricePer1M)
 		}
 	}
 	switch {

@@ -130,6 +130,9 @@ var migrations = [...]string{
 		created_at        INTEGER NOT NULL
 	);
 	CREATE INDEX usage_by_tenant ON usage (tenant_id, created_at);`,
+	// 10: what each request cost, in millionths of a US dollar.
+	`ALTER TABLE usage ADD COLUMN cost_micro_usd INTEGER NOT NULL DEFAULT 0;
+	CREATE INDEX usage_by_key ON usage (key_id, created_at);`,
 }
 
 // SchemaVersion is the user_version of a database this package has brought

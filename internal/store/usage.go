@@ -15,6 +15,8 @@ type UsageRecord struct {
 	PromptTokens, CompletionTokens, CachedTokens int
 	// TTFT is the time to the answer's first byte, Duration to its end.
 	TTFT, Duration time.Duration
+	// CostMicroUSD is what it cost, in millionths of a US dollar.
+	CostMicroUSD int64
 	CreatedAt      time.Time
 }
 
@@ -27,7 +29,7 @@ func (s *Store) InsertUsage(ctx context.Context, rs []UsageRecord) error {
 	}
 	return txOn(ctx, s.appDurable, func(tx *sql.Tx) error {
 		stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage (request_id, tenant_id, key_id, model, status, prompt_tokens,
-			completion_tokens, cached_tokens, ttft_us, duration_us, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+			completion_tokens, cached_tokens, ttft_us, duration_us, cost_micro_usd, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 		if err != nil {
 			return fmt.Errorf("record usage: %w", err)
 		}
@@ -37,7 +39,7 @@ func (s *Store) InsertUsage(ctx context.Context, rs []UsageRecord) error {
 				r.CreatedAt = s.now()
 			}
 			if _, err := stmt.ExecContext(ctx, r.RequestID, r.TenantID, r.KeyID, r.Model, r.Status, r.PromptTokens, r.CompletionTokens,
-				r.CachedTokens, r.TTFT.Microseconds(), r.Duration.Microseconds(), stamp(r.CreatedAt)); err != nil {
+				r.CachedTokens, r.TTFT.Microseconds(), r.Duration.Microseconds(), r.CostMicroUSD, stamp(r.CreatedAt)); err != nil {
 				return fmt.Errorf("record usage of %s: %w", r.RequestID, err)
 			}
 		}
@@ -121,4 +123,19 @@ func (s *Store) UsageRequestIDs(ctx context.Context) (map[string]int, error) {
 		out[id]++
 	}
 	return out, rows.Err()
+}
+
+// UsageSpend sums the tokens and cost of the answered (200) requests of a
+// tenant (keyID "") or of one key, recorded since since.
+func (s *Store) UsageSpend(ctx context.Context, tenantID, keyID string, since time.Time) (tokens, microUSD int64, err error) {
+	col, id := "tenant_id", tenantID
+	if keyID != "" {
+		col, id = "key_id", keyID
+	}
+	err = s.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0), COALESCE(SUM(cost_micro_usd), 0)
+		FROM usage WHERE `+col+` = ? AND status = 200 AND created_at >= ?`, id, stamp(since)).Scan(&tokens, &microUSD)
+	if err != nil {
+		return 0, 0, fmt.Errorf("sum spend of %s: %w", id, err)
+	}
+	return tokens, microUSD, nil
 }
