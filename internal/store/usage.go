@@ -17,7 +17,7 @@ type UsageRecord struct {
 	TTFT, Duration time.Duration
 	// CostMicroUSD is what it cost, in millionths of a US dollar.
 	CostMicroUSD int64
-	CreatedAt      time.Time
+	CreatedAt    time.Time
 }
 
 // InsertUsage records rs in one transaction: all of them or none. The
