@@ -336,10 +336,17 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		writeError(w, openai.ModelNotFound(ir.Model), 0)
 		return "", nil, nil
 	}
+	if priority != nil {
+		ir.Priority = *priority
+	} else {
+		// A client stays in the interactive band (and its key's class, set
+		// by admission, replaces what it asked for).
+		ir.Priority = ClampClientPriority(ir.Priority)
+	}
 	// The admission check sets its own headers (Retry-After, the limits').
 	var refused *openai.Error
 	var flow Flow
-	if body, flow, refused = a.admit(rec, req, ir, body); refused != nil {
+	if body, flow, refused = a.admit(rec, req, &ir, body); refused != nil {
 		writeError(w, refused, 0)
 		return "", nil, nil
 	}
@@ -349,12 +356,6 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 				Message: "model " + ir.Model + " is unavailable: its revision failed to load: " + reason}, 0)
 			return "", nil, nil
 		}
-	}
-	if priority != nil {
-		ir.Priority = *priority
-	} else {
-		// No key carries a priority yet: a client stays in the interactive band.
-		ir.Priority = ClampClientPriority(ir.Priority)
 	}
 	// The engine schedules by the priority decided here, not the body's.
 	req.Header.Set(engineapi.PriorityHeader, strconv.Itoa(ir.Priority))

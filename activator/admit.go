@@ -49,6 +49,9 @@ type Admitted struct {
 	// Flow is whose turn the request takes in the buffer's fair order
 	// (a tenant's id; "" for the shared flow).
 	Flow string
+	// Priority, when set, replaces the client's priority (a key's class),
+	// kept in the interactive band.
+	Priority *int
 	// Hold keeps the end of a successful answer (the last byte of a plain
 	// one, the closing [DONE] event of a stream) from the client until
 	// Done has returned: a client never holds a whole answer whose Done
@@ -62,7 +65,7 @@ type Admit func(ctx context.Context, w http.ResponseWriter, r AdmitRequest) (Adm
 
 // admit runs the admission check on a parsed request and returns the body
 // to forward (with max_tokens set when the check asked for it).
-func (a *Activator) admit(rec *recorder, req *http.Request, ir inferenceRequest, body []byte) ([]byte, Flow, *openai.Error) {
+func (a *Activator) admit(rec *recorder, req *http.Request, ir *inferenceRequest, body []byte) ([]byte, Flow, *openai.Error) {
 	if a.opts.Admit == nil {
 		return body, Flow{}, nil
 	}
@@ -79,6 +82,9 @@ func (a *Activator) admit(rec *recorder, req *http.Request, ir inferenceRequest,
 		return nil, Flow{}, e
 	}
 	rec.done, rec.hold = got.Done, got.Hold && got.Done != nil
+	if got.Priority != nil && !IsBatch(ir.Priority) {
+		ir.Priority = ClampClientPriority(*got.Priority)
+	}
 	flow := Flow{ID: got.Flow, Cost: float64(len(ir.Prompt) + len(ir.Messages) + outputBound(asked, got.MaxTokens))}
 	if got.MaxTokens > 0 && asked == 0 {
 		var fields map[string]json.RawMessage

@@ -201,3 +201,27 @@ func TestAdmitBudgets(t *testing.T) {
 		})
 	}
 }
+
+func TestKeyPriorityClass(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t, "", nil)
+	s.CreateTenant(ctx, "acme", Limits{})
+	if _, _, err := s.CreateKey(ctx, KeyRequest{Tenant: "acme", Priority: "urgent"}); err == nil {
+		t.Fatal("an unknown priority class was accepted")
+	}
+	for class, want := range map[string]int{"interactive": activator.PriorityInteractiveMax, "standard": activator.PriorityInteractive,
+		"batch": activator.PriorityInteractiveMin} {
+		_, key, err := s.CreateKey(ctx, KeyRequest{Tenant: "acme", Priority: class})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := s.Authenticate(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		adm, e := s.Admit(WithPrincipal(ctx, p), httptest.NewRecorder(), activator.AdmitRequest{Model: "m"})
+		if e != nil || adm.Priority == nil || *adm.Priority != want {
+			t.Errorf("class %s: admitted with priority %v, want %d", class, adm.Priority, want)
+		}
+	}
+}

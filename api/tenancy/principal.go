@@ -3,6 +3,7 @@ package tenancy
 import (
 	"context"
 
+	"github.com/stokehq/stoke/activator"
 	"github.com/stokehq/stoke/internal/openai"
 )
 
@@ -17,6 +18,31 @@ type Principal struct {
 	Models []string
 	// Admin is set for the admin key.
 	Admin bool
+	// Priority is the key's priority class ("" for the default).
+	Priority string
+}
+
+// Priority classes a key may have: where its requests wait among others'
+// (in the activator's buffer and the engine's scheduler). A batch key's
+// requests wait behind every other interactive request but, unlike the
+// batch runner's lines, are never preempted: they are a client's.
+const (
+	PriorityClassInteractive = "interactive"
+	PriorityClassStandard    = "standard"
+	PriorityClassBatch       = "batch"
+)
+
+// classPriority is a class's priority in the activator's bands.
+func classPriority(class string) (int, bool) {
+	switch class {
+	case PriorityClassInteractive:
+		return activator.PriorityInteractiveMax, true
+	case PriorityClassStandard:
+		return activator.PriorityInteractive, true
+	case PriorityClassBatch:
+		return activator.PriorityInteractiveMin, true
+	}
+	return 0, false
 }
 
 // Owner is the owner of what the principal creates (files, batches) and

@@ -167,7 +167,7 @@ func (s *Service) Authenticate(token string) (Principal, error) {
 	case !k.ExpiresAt.IsZero() && !s.o.Now().Before(k.ExpiresAt):
 		return Principal{}, fmt.Errorf("%w: the API key %s expired", ErrInvalidKey, k.Hint)
 	}
-	return Principal{TenantID: k.TenantID, KeyID: k.ID, Models: k.Models}, nil
+	return Principal{TenantID: k.TenantID, KeyID: k.ID, Models: k.Models, Priority: k.Priority}, nil
 }
 
 // Hint is what may be shown of a key: its prefix and first and last
@@ -278,6 +278,9 @@ type KeyRequest struct {
 	ExpiresIn string `json:"expires_in"`
 	// Limits are the key's own, on top of its tenant's.
 	Limits Limits `json:"limits"`
+	// Priority is the key's priority class: interactive, standard (the
+	// default) or batch.
+	Priority string `json:"priority"`
 }
 
 // CreateKey makes a new key and returns its record and the key itself,
@@ -288,7 +291,10 @@ func (s *Service) CreateKey(ctx context.Context, req KeyRequest) (store.APIKey, 
 		return store.APIKey{}, "", err
 	}
 	now := s.o.Now().UTC().Round(0)
-	k := store.APIKey{TenantID: tenant.ID, Name: req.Name, Models: req.Models, CreatedAt: now}
+	k := store.APIKey{TenantID: tenant.ID, Name: req.Name, Models: req.Models, Priority: req.Priority, CreatedAt: now}
+	if _, ok := classPriority(req.Priority); !ok && req.Priority != "" {
+		return store.APIKey{}, "", fmt.Errorf("%w: priority is interactive, standard or batch, not %q", ErrInvalid, req.Priority)
+	}
 	if k.Limits, err = encodeLimits(req.Limits); err != nil {
 		return store.APIKey{}, "", err
 	}

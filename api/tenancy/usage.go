@@ -21,6 +21,7 @@ type usageLog struct {
 	st      *store.Store
 	log     *slog.Logger
 	tokens  *prometheus.CounterVec
+	cost    *prometheus.CounterVec
 	mu      sync.Mutex
 	pending []store.UsageRecord
 	waiters []chan error
@@ -30,9 +31,12 @@ type usageLog struct {
 func newUsageLog(st *store.Store, log *slog.Logger, reg prometheus.Registerer) *usageLog {
 	u := &usageLog{st: st, log: log, tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_tenant_tokens_total",
 		Help: "Tokens answered, by tenant id, model and kind (prompt or completion), as recorded in the usage records."},
-		[]string{"tenant", "model", "kind"})}
+		[]string{"tenant", "model", "kind"}),
+		cost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_tenant_cost_usd_total",
+			Help: "What the answered tokens cost, in US dollars at their deployments' prices, by tenant id and model."},
+			[]string{"tenant", "model"})}
 	if reg != nil {
-		reg.MustRegister(u.tokens)
+		reg.MustRegister(u.tokens, u.cost)
 	}
 	return u
 }
@@ -74,6 +78,7 @@ func (u *usageLog) commit() {
 				}
 				u.tokens.WithLabelValues(tenant, r.Model, "prompt").Add(float64(r.PromptTokens))
 				u.tokens.WithLabelValues(tenant, r.Model, "completion").Add(float64(r.CompletionTokens))
+				u.cost.WithLabelValues(tenant, r.Model).Add(float64(r.CostMicroUSD) / 1e6)
 			}
 		}
 		for _, w := range waiters {
@@ -93,6 +98,9 @@ func (s *Service) Admit(ctx context.Context, w http.ResponseWriter, r activator.
 	}
 	p, _ := FromContext(ctx)
 	adm.Flow = p.TenantID // tenants take turns in the activator's buffer
+	if prio, ok := classPriority(p.Priority); ok {
+		adm.Priority = &prio
+	}
 	if s.usage == nil {
 		return adm, nil
 	}

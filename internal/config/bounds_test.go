@@ -16,6 +16,8 @@ func TestBounds(t *testing.T) {
 		{`{"replicas":{"min":5,"max":4}}`, "replicas.max: 4 must be at least replicas.min 5"},
 		{`{"replicas":{"max":4,"sleeping":5}}`, "replicas.sleeping: 5 exceeds replicas.max 4"},
 		{`{"replicas":{"sleeping":-1}}`, "replicas.sleeping: -1"},
+		{`{"price":{"input_per_1m":-1}}`, "price.input_per_1m: -1 is outside"},
+		{`{"price":{"output_per_1m":20000}}`, "price.output_per_1m: 20000 is outside"},
 		{`{"target_concurrency":1e-300}`, "target_concurrency: 1e-300"},
 		{`{"target_concurrency":1e308}`, "target_concurrency: 1e+308"},
 		{`{"target_concurrency":0.009}`, "target_concurrency"},

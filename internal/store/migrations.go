@@ -133,6 +133,8 @@ var migrations = [...]string{
 	// 10: what each request cost, in millionths of a US dollar.
 	`ALTER TABLE usage ADD COLUMN cost_micro_usd INTEGER NOT NULL DEFAULT 0;
 	CREATE INDEX usage_by_key ON usage (key_id, created_at);`,
+	// 11: a key's priority class ('' for the default).
+	`ALTER TABLE api_keys ADD COLUMN priority TEXT NOT NULL DEFAULT '';`,
 }
 
 // SchemaVersion is the user_version of a database this package has brought

@@ -37,6 +37,8 @@ type APIKey struct {
 	Models []string
 	// Limits is the key's own limits (JSON; nil for none).
 	Limits json.RawMessage
+	// Priority is the key's priority class ("" for the default).
+	Priority string
 	// CreatedAt, ExpiresAt (zero: never) and RevokedAt (zero: not revoked).
 	CreatedAt, ExpiresAt, RevokedAt time.Time
 }
@@ -124,8 +126,9 @@ func (s *Store) CreateAPIKey(ctx context.Context, k APIKey) error {
 			}
 			return fmt.Errorf("create key for tenant %s: %w", k.TenantID, err)
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO api_keys (id, tenant_id, name, hash, hint, models, limits, created_at, expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, k.ID, k.TenantID, k.Name, k.Hash, k.Hint, models, string(k.Limits), stamp(k.CreatedAt), optStamp(k.ExpiresAt))
+		_, err := tx.ExecContext(ctx, `INSERT INTO api_keys (id, tenant_id, name, hash, hint, models, limits, priority, created_at, expires_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, k.ID, k.TenantID, k.Name, k.Hash, k.Hint, models, string(k.Limits), k.Priority,
+			stamp(k.CreatedAt), optStamp(k.ExpiresAt))
 		if err != nil {
 			return fmt.Errorf("create key %s: %w", k.ID, err)
 		}
@@ -136,7 +139,7 @@ func (s *Store) CreateAPIKey(ctx context.Context, k APIKey) error {
 // APIKeys lists the keys of tenant (every key when tenant is ""), oldest
 // first, revoked and expired ones included.
 func (s *Store) APIKeys(ctx context.Context, tenant string) ([]APIKey, error) {
-	q := `SELECT id, tenant_id, name, hash, hint, models, limits, created_at, expires_at, revoked_at FROM api_keys`
+	q := `SELECT id, tenant_id, name, hash, hint, models, limits, priority, created_at, expires_at, revoked_at FROM api_keys`
 	var args []any
 	if tenant != "" {
 		q, args = q+` WHERE tenant_id = ?`, []any{tenant}
@@ -151,7 +154,7 @@ func (s *Store) APIKeys(ctx context.Context, tenant string) ([]APIKey, error) {
 		var k APIKey
 		var models, limits string
 		var created, expires, revoked int64
-		if err := rows.Scan(&k.ID, &k.TenantID, &k.Name, &k.Hash, &k.Hint, &models, &limits, &created, &expires, &revoked); err != nil {
+		if err := rows.Scan(&k.ID, &k.TenantID, &k.Name, &k.Hash, &k.Hint, &models, &limits, &k.Priority, &created, &expires, &revoked); err != nil {
 			return nil, fmt.Errorf("list keys: %w", err)
 		}
 		if models != "" {
