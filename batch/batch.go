@@ -120,6 +120,10 @@ type Options struct {
 	// Priority is the lines' priority in the activator's buffer and, through
 	// it, the engine's scheduler (the caller passes activator.PriorityBatch).
 	Priority int
+	// AsOwner, when set, makes a line's request context the batch owner's
+	// (the tenant's limits, budgets, usage records and fair share apply
+	// to its lines as to its own requests).
+	AsOwner func(ctx context.Context, owner string) context.Context
 	// Registerer, when set, receives the stoke_batch_* series.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger

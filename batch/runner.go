@@ -446,6 +446,9 @@ func (s *Service) runLine(ctx context.Context, b Batch, q *queued, rec *recorder
 	}
 	lctx, cancel := context.WithTimeout(ctx, lineTimeout)
 	defer cancel()
+	if s.o.AsOwner != nil {
+		lctx = s.o.AsOwner(lctx, b.Owner)
+	}
 	req, err := http.NewRequestWithContext(lctx, http.MethodPost, b.Endpoint, bytes.NewReader(q.line.Body))
 	if err != nil {
 		requeue(q, minRetryBackoff)

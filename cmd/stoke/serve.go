@@ -254,7 +254,13 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	late.set(ctrl)
 	batches, err := batch.New(batch.Options{Store: st, Files: fs, Dispatcher: act, Models: late, Windows: f.batchWindows,
-		MaxInFlight: f.batchInFlight, LatencyTolerance: f.batchTolerance, Priority: activator.PriorityBatch, Registerer: reg})
+		MaxInFlight: f.batchInFlight, LatencyTolerance: f.batchTolerance, Priority: activator.PriorityBatch, Registerer: reg,
+		AsOwner: func(ctx context.Context, owner string) context.Context {
+			if owner == "" {
+				return ctx
+			}
+			return tenancy.WithPrincipal(ctx, tenancy.Principal{TenantID: owner})
+		}})
 	if err != nil {
 		return fmt.Errorf("batch flags: %w", err)
 	}
