@@ -224,7 +224,12 @@ func (s *Service) SetKeyLimits(ctx context.Context, id string, limits Limits) (s
 	if err != nil {
 		return store.APIKey{}, err
 	}
-	if err := s.o.Store.SetAPIKeyLimits(ctx, id, raw); err != nil {
+	return s.changeKey(ctx, id, func() error { return s.o.Store.SetAPIKeyLimits(ctx, id, raw) })
+}
+
+// changeKey applies change to the key id, reloads the keys and returns it.
+func (s *Service) changeKey(ctx context.Context, id string, change func() error) (store.APIKey, error) {
+	if err := change(); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return store.APIKey{}, fmt.Errorf("%w: no key %s", ErrNotFound, id)
 		}
@@ -350,16 +355,7 @@ func (s *Service) Keys(ctx context.Context, tenant string) ([]store.APIKey, erro
 
 // RevokeKey revokes the key id at once and returns it.
 func (s *Service) RevokeKey(ctx context.Context, id string) (store.APIKey, error) {
-	if err := s.o.Store.RevokeAPIKey(ctx, id); err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return store.APIKey{}, fmt.Errorf("%w: no key %s", ErrNotFound, id)
-		}
-		return store.APIKey{}, err
-	}
-	if err := s.reload(ctx); err != nil {
-		return store.APIKey{}, err
-	}
-	return s.key(ctx, id)
+	return s.changeKey(ctx, id, func() error { return s.o.Store.RevokeAPIKey(ctx, id) })
 }
 
 // key reads the key id back.

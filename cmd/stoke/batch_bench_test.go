@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -14,33 +12,6 @@ import (
 	oai "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 )
-
-// ttftLoop sends rate streamed completions a second for d and returns the
-// time to each one's first token (first SSE data event), and the count of
-// requests that failed.
-func ttftLoop(base string, rate int, d time.Duration) loadResult {
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}, Timeout: time.Minute}
-	return openLoopFunc(rate, d, func(i int) (time.Duration, error) {
-		t := time.Now()
-		body := fmt.Sprintf(`{"model":"chat","prompt":"interactive request %d: summarise the note below in one short sentence, please.","max_tokens":16,"stream":true}`, i)
-		resp, err := client.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
-		if err != nil {
-			return 0, err
-		}
-		defer resp.Body.Close()
-		var first time.Duration
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			if first == 0 && strings.HasPrefix(sc.Text(), "data: ") {
-				first = time.Since(t)
-			}
-		}
-		if resp.StatusCode != http.StatusOK || first == 0 {
-			return 0, fmt.Errorf("status %d, no token", resp.StatusCode)
-		}
-		return first, sc.Err()
-	})
-}
 
 // BenchmarkBatchInteractiveTTFT measures interactive TTFT (p50, p99) at a
 // fixed rate on one sim replica (8B H100 profile) with and without a large
@@ -70,7 +41,7 @@ func BenchmarkBatchInteractiveTTFT(b *testing.B) {
 	ctx := context.Background()
 	client := oai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	for b.Loop() {
-		alone := ttftLoop(base, rate, phase)
+		alone := streamTTFT(base, "", rate, 16, phase)
 
 		var in strings.Builder
 		for i := range 50_000 {
@@ -97,7 +68,7 @@ func BenchmarkBatchInteractiveTTFT(b *testing.B) {
 		time.Sleep(phase / 2)
 		aloneLines := float64(counts()-before) / time.Since(t0).Seconds()
 		before, t0 = counts(), time.Now()
-		with := ttftLoop(base, rate, phase)
+		with := streamTTFT(base, "", rate, 16, phase)
 		linesPerSec := float64(counts()-before) / time.Since(t0).Seconds()
 		client.Batches.Cancel(ctx, bt.ID)
 

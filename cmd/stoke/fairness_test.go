@@ -10,15 +10,18 @@ import (
 	"time"
 )
 
-// streamTTFT sends rate streamed completions a second for d with key and
-// returns their times to first token.
+// streamTTFT sends rate streamed completions of maxTokens a second for d
+// (with key, when set) and returns their times to first token (the first
+// SSE data event).
 func streamTTFT(base, key string, rate, maxTokens int, d time.Duration) loadResult {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}, Timeout: 2 * time.Minute}
 	return openLoopFunc(rate, d, func(i int) (time.Duration, error) {
 		t := time.Now()
 		req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions",
 			strings.NewReader(fmt.Sprintf(`{"model":"chat","prompt":"request %d","max_tokens":%d,"stream":true}`, i, maxTokens)))
-		req.Header.Set("Authorization", "Bearer "+key)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
 		resp, err := client.Do(req)
 		if err != nil {
 			return 0, err
