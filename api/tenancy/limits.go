@@ -311,8 +311,11 @@ func (s *Service) loadSpend(ctx context.Context, p Principal, tl, kl Limits, now
 		if !loaded && !fresh { // a new period: nothing spent in it yet
 			m.period, m.spentTokens, m.spentMicro = start, 0, 0
 		}
+		if fresh && s.usage == nil { // no records to read back: from zero
+			m.period, fresh = start, false
+		}
 		s.limits.mu.Unlock()
-		if loaded || !fresh || s.usage == nil {
+		if loaded || !fresh {
 			continue
 		}
 		tokens, micro, err := s.o.Store.UsageSpend(ctx, h.tenant, h.key, start)

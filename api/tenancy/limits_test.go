@@ -225,3 +225,25 @@ func TestKeyPriorityClass(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmitBudgetWithoutUsageRecords: with usage records off, a budget is
+// kept from this process's answers alone.
+func TestAdmitBudgetWithoutUsageRecords(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t, "", nil)
+	s.CreateTenant(ctx, "acme", Limits{BudgetTokens: 100})
+	k, _, _ := s.CreateKey(ctx, KeyRequest{Tenant: "acme"})
+	pctx := WithPrincipal(ctx, Principal{TenantID: k.TenantID, KeyID: k.ID})
+	admitted := 0
+	for range 10 {
+		adm, e := s.Admit(pctx, httptest.NewRecorder(), activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20})
+		if e != nil {
+			break
+		}
+		admitted++
+		adm.Done(activator.Outcome{Status: http.StatusOK, Usage: openai.Usage{PromptTokens: 10, CompletionTokens: 20}, Known: true})
+	}
+	if admitted != 3 {
+		t.Fatalf("%d requests of 30 tokens admitted against a budget of 100, want 3", admitted)
+	}
+}
