@@ -417,23 +417,7 @@ func TestAdminUsageCLI(t *testing.T) {
 	if stdout, _, err = admin("usage", "--csv"); err != nil || strings.TrimSpace(stdout) != "tenant_id,tenant,model,day,requests,prompt_tokens,completion_tokens,cached_tokens" {
 		t.Fatalf("usage --csv of no usage: %v\n%s", err, stdout)
 	}
-	waitUntil(t, "chat has a ready replica", 60*time.Second, func() bool {
-		req, _ := http.NewRequest(http.MethodGet, base+"/admin/runtimes", nil)
-		req.Header.Set("Authorization", "Bearer "+adminKey)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		var rts struct{ Data []runtimeJSON }
-		json.NewDecoder(resp.Body).Decode(&rts)
-		for _, r := range rts.Data {
-			if r.Model == "chat" && r.State == "ready" {
-				return true
-			}
-		}
-		return false
-	})
+	waitUntil(t, "chat has a ready replica", 60*time.Second, func() bool { return readyWithAdminKey(base, adminKey, "chat") })
 
 	const sent = 3
 	var wantPrompt, wantCompletion int64

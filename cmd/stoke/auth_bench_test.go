@@ -17,14 +17,7 @@ import (
 // $STOKE_BENCH_SECONDS sets each run's length (default 5);
 // $STOKE_BENCH_NO_USAGE=1 leaves usage records off in the second run too.
 func BenchmarkGatewayTenancy(b *testing.B) {
-	seconds := 5 * time.Second
-	if s := os.Getenv("STOKE_BENCH_SECONDS"); s != "" {
-		d, err := time.ParseDuration(s + "s")
-		if err != nil {
-			b.Fatal(err)
-		}
-		seconds = d
-	}
+	seconds := benchSeconds(b, 5)
 	run := func(base, key string) loadResult {
 		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048}}
 		return openLoopFunc(1000, seconds, func(int) (time.Duration, error) {

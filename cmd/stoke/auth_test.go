@@ -24,6 +24,26 @@ func adminPost(t *testing.T, base, adminKey, path, body string, out any) int {
 	return adminPostB(t, base, adminKey, path, body, out)
 }
 
+// readyWithAdminKey reports whether model has a ready runtime, asking
+// /admin/runtimes with the admin key.
+func readyWithAdminKey(base, adminKey, model string) bool {
+	req, _ := http.NewRequest(http.MethodGet, base+"/admin/runtimes", nil)
+	req.Header.Set("Authorization", "Bearer "+adminKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var rts struct{ Data []runtimeJSON }
+	json.NewDecoder(resp.Body).Decode(&rts)
+	for _, r := range rts.Data {
+		if r.Model == model && r.State == "ready" {
+			return true
+		}
+	}
+	return false
+}
+
 // adminPostB is adminPost for tests and benchmarks.
 func adminPostB(t testing.TB, base, adminKey, path, body string, out any) int {
 	t.Helper()
@@ -82,23 +102,7 @@ func TestServeKeys(t *testing.T) {
 	}
 
 	client := oai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey(created.Key), option.WithMaxRetries(0))
-	waitUntil(t, "chat has a ready replica", 60*time.Second, func() bool {
-		req, _ := http.NewRequest(http.MethodGet, base+"/admin/runtimes", nil)
-		req.Header.Set("Authorization", "Bearer "+adminKey)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		var rts struct{ Data []runtimeJSON }
-		json.NewDecoder(resp.Body).Decode(&rts)
-		for _, r := range rts.Data {
-			if r.Model == "chat" && r.State == "ready" {
-				return true
-			}
-		}
-		return false
-	})
+	waitUntil(t, "chat has a ready replica", 60*time.Second, func() bool { return readyWithAdminKey(base, adminKey, "chat") })
 	resp, err := client.Completions.New(ctx, oai.CompletionNewParams{Model: "chat", Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String("hi")}, MaxTokens: oai.Int(2)})
 	if err != nil || len(resp.Choices) != 1 {
 		t.Fatalf("completion with a key: %v", err)

@@ -22,14 +22,11 @@ import (
 // $STOKE_BENCH_LOWER_PREFILL serve's --batch-max-in-flight and
 // --lower-priority-prefill-tokens.
 func BenchmarkBatchInteractiveTTFT(b *testing.B) {
-	seconds, rate := 10, 20
-	if s, err := strconv.Atoi(os.Getenv("STOKE_BENCH_SECONDS")); err == nil && s > 0 {
-		seconds = s
-	}
+	rate := 20
 	if r, err := strconv.Atoi(os.Getenv("STOKE_BENCH_RATE")); err == nil && r > 0 {
 		rate = r
 	}
-	phase := time.Duration(seconds) * time.Second
+	phase := benchSeconds(b, 10)
 	var flags []string
 	if v := os.Getenv("STOKE_BENCH_BATCH_IN_FLIGHT"); v != "" {
 		flags = append(flags, "--batch-max-in-flight", v)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -47,14 +46,7 @@ func streamTTFT(base, key string, rate, maxTokens int, d time.Duration) loadResu
 // (so the activator's buffer queues, and serves tenants in fair turns).
 // $STOKE_BENCH_SECONDS sets each phase (default 6).
 func BenchmarkTenantFairness(b *testing.B) {
-	phase := 6 * time.Second
-	if s := os.Getenv("STOKE_BENCH_SECONDS"); s != "" {
-		d, err := time.ParseDuration(s + "s")
-		if err != nil {
-			b.Fatal(err)
-		}
-		phase = d
-	}
+	phase := benchSeconds(b, 6)
 	base := benchServeWith(b, []string{"--max-num-seqs", "16"}, "chat")
 	keys := map[string]string{}
 	for _, name := range []string{"light", "heavy"} {

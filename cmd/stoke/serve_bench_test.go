@@ -92,6 +92,19 @@ func openLoopFunc(rate int, d time.Duration, do func(i int) (time.Duration, erro
 	return res
 }
 
+// benchSeconds is $STOKE_BENCH_SECONDS (a benchmark phase's length in
+// seconds), else def seconds.
+func benchSeconds(b *testing.B, def int) time.Duration {
+	if s := os.Getenv("STOKE_BENCH_SECONDS"); s != "" {
+		d, err := time.ParseDuration(s + "s")
+		if err != nil {
+			b.Fatalf("$STOKE_BENCH_SECONDS: %v", err)
+		}
+		return d
+	}
+	return time.Duration(def) * time.Second
+}
+
 // io_Discard drains and closes a response body.
 func io_Discard(resp *http.Response) (int64, error) {
 	defer resp.Body.Close()
@@ -144,14 +157,7 @@ func benchServeWith(b *testing.B, flags []string, models ...string) string {
 // engine called directly, at 200 and 1,000 requests/s ($STOKE_BENCH_SECONDS
 // each, default 5).
 func BenchmarkServeOverhead(b *testing.B) {
-	seconds := 5 * time.Second
-	if s := os.Getenv("STOKE_BENCH_SECONDS"); s != "" {
-		d, err := time.ParseDuration(s + "s")
-		if err != nil {
-			b.Fatal(err)
-		}
-		seconds = d
-	}
+	seconds := benchSeconds(b, 5)
 	base := benchServe(b, "chat")
 	var rts struct {
 		Data []struct {
