@@ -380,10 +380,10 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		var release ReleaseFunc
 		r.waiting.Add(1)
 		asked := time.Now()
-		ticket, err := r.buffer.AcquireFlow(ctx, ir.Priority, flow, deadline, func() bool {
-			var ok bool
-			id, release, ok = r.pool.Pick(key, failed...)
-			return ok
+		ticket, err := r.buffer.AcquireFlow(ctx, ir.Priority, flow, deadline, func() Room {
+			var room Room
+			id, release, room = r.pool.PickFor(flow.ID, key, failed...)
+			return room
 		})
 		r.waiting.Add(-1)
 		if ticket.Queued {

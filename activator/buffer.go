@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,6 +95,11 @@ type Buffer struct {
 	// finish tag.
 	vclock float64
 	finish map[string]float64
+	// held lists the flows whose waiters were last held back by their
+	// shares from free room that no waiter of another flow took; until a
+	// try finds no room at all, a request of another flow arriving tries
+	// at once.
+	held []string
 }
 
 // Flow is who a request is for, in the buffer's fair order: within a
@@ -129,6 +135,20 @@ func (b *Buffer) tagLocked(f Flow) float64 {
 	return start
 }
 
+// Room is how one try for room went (see AcquireFlow).
+type Room int
+
+// The outcomes of a try.
+const (
+	// RoomNone: no room is free; wait for a Notify.
+	RoomNone Room = iota
+	// RoomHeld: room is free but kept for other flows (the request's flow
+	// has its share); a request of another flow may take it.
+	RoomHeld
+	// RoomTaken: the request has its room.
+	RoomTaken
+)
+
 // Ticket describes how a request got through a Buffer.
 type Ticket struct {
 	// Priority is the priority the request waited with.
@@ -150,6 +170,11 @@ type bufferWaiter struct {
 	// start is the request's virtual start tag among the flows (see
 	// Flow): within a priority, lower starts go first.
 	start float64
+	// flow is the request's flow; skip, on a grant handed over from a
+	// request held back by its flow's share, the flows already held back
+	// on the way (see handOverLocked).
+	flow string
+	skip []string
 }
 
 // waiterHeap orders waiters by priority (higher first), then by virtual
@@ -232,7 +257,6 @@ func (b *Buffer) grantLocked(n int) int {
 	granted := 0
 	for ; n > 0 && b.queue.Len() > 0; n-- {
 		w := heap.Pop(&b.queue).(*bufferWaiter)
-		b.vclock = max(b.vclock, w.start)
 		w.granted = true
 		if w.acquire {
 			b.settling++
@@ -292,13 +316,25 @@ func (b *Buffer) Wait(ctx context.Context, priority int, deadline time.Time) err
 // never under the buffer's lock, and may run after ctx has ended only if
 // it ended during the call.
 func (b *Buffer) Acquire(ctx context.Context, priority int, deadline time.Time, try func() bool) (Ticket, error) {
-	return b.AcquireFlow(ctx, priority, Flow{}, deadline, try)
+	if try == nil {
+		return Ticket{}, errors.New("activator buffer: Acquire needs a try function")
+	}
+	return b.AcquireFlow(ctx, priority, Flow{}, deadline, func() Room {
+		if try() {
+			return RoomTaken
+		}
+		return RoomNone
+	})
 }
 
 // AcquireFlow is Acquire for a request of flow: one that waits takes its
 // turn among the flows of its priority (see Flow); one that gets room at
-// once is charged to its flow all the same.
-func (b *Buffer) AcquireFlow(ctx context.Context, priority int, flow Flow, deadline time.Time, try func() bool) (Ticket, error) {
+// once is charged to its flow all the same. try says whether it took room,
+// found none, or found room held for other flows (Pool.PickFor): a woken
+// request held back hands its wake-up to the first waiter of another flow,
+// so room kept for a light flow reaches it through a queue of a heavy
+// one's requests.
+func (b *Buffer) AcquireFlow(ctx context.Context, priority int, flow Flow, deadline time.Time, try func() Room) (Ticket, error) {
 	if try == nil {
 		return Ticket{}, errors.New("activator buffer: Acquire needs a try function")
 	}
@@ -307,7 +343,7 @@ func (b *Buffer) AcquireFlow(ctx context.Context, priority int, flow Flow, deadl
 		if err := ctx.Err(); err != nil {
 			return Ticket{}, err
 		}
-		if try() {
+		if try() == RoomTaken {
 			b.charge(flow)
 			return Ticket{Priority: priority}, nil
 		}
@@ -318,18 +354,22 @@ func (b *Buffer) AcquireFlow(ctx context.Context, priority int, flow Flow, deadl
 			return Ticket{}, err
 		}
 		b.mu.Lock()
-		if b.queue.Len() > 0 || b.settling > 0 {
+		if (b.queue.Len() > 0 || b.settling > 0) && !b.aheadLocked(priority, flow) {
 			// Others wait or are being served: queue behind them; they
 			// pass wake-ups on, so this request needs no try of its own.
 			break
 		}
 		epoch := b.epoch.Load()
 		b.mu.Unlock()
-		if try() {
+		room := try()
+		if room == RoomTaken {
 			b.charge(flow)
 			return Ticket{Priority: priority}, nil
 		}
 		b.mu.Lock()
+		if room == RoomNone {
+			b.held = nil
+		}
 		if b.epoch.Load() == epoch {
 			break
 		}
@@ -337,6 +377,7 @@ func (b *Buffer) AcquireFlow(ctx context.Context, priority int, flow Flow, deadl
 		b.mu.Unlock()
 	}
 	w := newAcquireWaiter(priority)
+	w.flow = flow.ID
 	if flow.ID != "" {
 		w.start = b.tagLocked(flow)
 	} else {
@@ -360,9 +401,12 @@ func (b *Buffer) AcquireFlow(ctx context.Context, priority int, flow Flow, deadl
 		// Woken and off the queue, counted in settling.
 		for {
 			epoch := b.epoch.Load()
-			ok := try()
+			room := try()
 			b.mu.Lock()
-			if ok {
+			if room == RoomTaken {
+				// The virtual clock is the start tag of the last request
+				// served (not of one woken and held back by its share).
+				b.vclock = max(b.vclock, w.start)
 				b.settling--
 				b.grantLocked(1) // pass the baton: more room may be there
 				b.mu.Unlock()
@@ -385,13 +429,63 @@ func (b *Buffer) AcquireFlow(ctx context.Context, priority int, flow Flow, deadl
 			}
 			// Back to its old place; a request already admitted may exceed
 			// the capacity by the few that are settling.
-			w.granted = false
+			skip := w.skip
+			w.granted, w.skip = false, nil
 			heap.Push(&b.queue, w)
+			if room == RoomNone {
+				b.held = nil
+			} else if skip = append(slices.Clip(skip), w.flow); !b.handOverLocked(skip) {
+				b.held = skip
+			}
 			b.mu.Unlock()
 			break
 		}
 		timers.resetRetry()
 	}
+}
+
+// aheadLocked reports whether a request of priority and flow, arriving
+// while others wait, tries for room at once: it would go before every
+// waiter (a higher priority, or an earlier turn in the fair order), or
+// room is free that the waiters' flows are held back from (their slot
+// shares, see Pool.PickFor) and its flow is not one of those. b.mu is held.
+func (b *Buffer) aheadLocked(priority int, flow Flow) bool {
+	if len(b.held) > 0 && flow.ID != "" && !slices.Contains(b.held, flow.ID) {
+		return true
+	}
+	if b.queue.Len() == 0 {
+		return false
+	}
+	head := b.queue[0]
+	if priority != head.priority {
+		return priority > head.priority
+	}
+	if flow.ID == "" {
+		return false
+	}
+	return max(b.vclock, b.finish[flow.ID]) < head.start
+}
+
+// handOverLocked wakes the first waiter whose flow is not in skip (the
+// flows a wake-up was already held back for), passing skip on; it does
+// reports false when every waiter's flow is in skip. b.mu is held.
+func (b *Buffer) handOverLocked(skip []string) bool {
+	best := -1
+	for i, w := range b.queue {
+		if !slices.Contains(skip, w.flow) && (best < 0 || b.queue.Less(i, best)) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return false
+	}
+	w := heap.Remove(&b.queue, best).(*bufferWaiter)
+	w.granted, w.skip = true, skip
+	if w.acquire {
+		b.settling++
+	}
+	w.ready <- struct{}{}
+	return true
 }
 
 // charge counts a request of flow that got room without waiting against

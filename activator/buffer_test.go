@@ -503,14 +503,14 @@ func TestBufferFlowsTakeTurns(t *testing.T) {
 	var mu sync.Mutex
 	var order []string
 	var room atomic.Int32
-	try := func() bool {
+	try := func() Room {
 		for {
 			n := room.Load()
 			if n <= 0 {
-				return false
+				return RoomNone
 			}
 			if room.CompareAndSwap(n, n-1) {
-				return true
+				return RoomTaken
 			}
 		}
 	}

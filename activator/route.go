@@ -107,6 +107,10 @@ type PoolOptions struct {
 	OnFree func(n int)
 	// Seed seeds the pool's random source; 0 picks one at random.
 	Seed uint64
+	// ShareWindow is how long a flow stays active, for the slot shares
+	// (see PickFor), after it last asked for a slot; default
+	// DefaultShareWindow.
+	ShareWindow time.Duration
 }
 
 // Pool is the set of ready replicas of one deployment with exact
@@ -128,6 +132,8 @@ type Pool struct {
 	index    *prefixIndex              // nil without prefix affinity
 	cands    []Candidate               // scratch for Pick
 	epoch    uint64                    // Pick count, for prefixOwner.epoch
+	shares   *flowShares
+	now      func() int64 // unix nanoseconds; a test's clock
 }
 
 // poolReplica is one replica's accounting.
@@ -152,7 +158,13 @@ func NewPool(opts PoolOptions) *Pool {
 		seed:     maphash.MakeSeed(),
 		byID:     map[string]*poolReplica{},
 		draining: map[string][]*poolReplica{},
+		now:      func() int64 { return time.Now().UnixNano() },
 	}
+	window := opts.ShareWindow
+	if window <= 0 {
+		window = DefaultShareWindow
+	}
+	p.shares = newFlowShares(window)
 	seed := opts.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -280,24 +292,43 @@ func (p *Pool) SetCapacity(id string, capacity int) error {
 // deployment's Buffer. A retry names the replicas that already failed the
 // request in avoid: they are picked only when no other has room.
 func (p *Pool) Pick(prompt []byte, avoid ...string) (replicaID string, release ReleaseFunc, ok bool) {
+	replicaID, release, room := p.PickFor("", prompt, avoid...)
+	return replicaID, release, room == RoomTaken
+}
+
+// PickFor is Pick for a request of flow (a tenant; "" for the shared
+// flow), which takes its share of the slots: while other flows are active,
+// a flow at or above its fair share of the pool's slots gets no slot that
+// would leave none free for another flow below its share (see
+// flowShares). room says how it went: RoomTaken (the request has a slot),
+// RoomHeld (slots are free, kept for other flows) or RoomNone.
+func (p *Pool) PickFor(flow string, prompt []byte, avoid ...string) (replicaID string, release ReleaseFunc, room Room) {
 	var stack [64]uint64
 	var chain []uint64
 	if p.index != nil {
 		chain = prefixChain(p.seed, prompt, p.prefix.BlockSize, p.prefix.MaxPromptBlocks, stack[:0])
 	}
 	p.mu.Lock()
-	r, done := p.pickLocked(chain, avoid)
-	if r == nil && len(avoid) > 0 {
-		r, done = p.pickLocked(chain, nil)
+	r, done, held := p.pickLocked(flow, chain, avoid)
+	if r == nil && !held && len(avoid) > 0 {
+		r, done, held = p.pickLocked(flow, chain, nil)
 	}
 	p.mu.Unlock()
-	if r == nil {
-		return "", releaseNothing, false
+	switch {
+	case held:
+		return "", releaseNothing, RoomHeld
+	case r == nil:
+		return "", releaseNothing, RoomNone
 	}
 	var once atomic.Bool
 	return r.id, func(err error) {
 		if !once.CompareAndSwap(false, true) {
 			return
+		}
+		if flow != "" {
+			p.mu.Lock()
+			p.shares.released(flow, p.now())
+			p.mu.Unlock()
 		}
 		left := r.inflight.Add(-1)
 		if done != nil {
@@ -312,20 +343,26 @@ func (p *Pool) Pick(prompt []byte, avoid ...string) (replicaID string, release R
 		if p.onFree != nil {
 			p.onFree(1)
 		}
-	}, true
+	}, RoomTaken
 }
 
 // pickLocked runs the policy over the candidates and takes a slot on the
-// chosen replica. It returns nil when none can take the request.
-func (p *Pool) pickLocked(chain []uint64, avoid []string) (*poolReplica, func(error)) {
-	var now int64
-	if !p.breaker.Disabled {
-		now = time.Now().UnixNano()
-	}
+// chosen replica for flow. It returns nil when none can take the request,
+// and held when slots are free but flow's share keeps it from them.
+func (p *Pool) pickLocked(flow string, chain []uint64, avoid []string) (_ *poolReplica, _ func(error), held bool) {
+	now := p.now()
 	p.epoch++
 	cands := p.cands[:0]
+	free, total := 0, 0
 	for _, r := range p.replicas {
 		n := int(r.inflight.Load())
+		if total >= 0 {
+			if r.capacity == 0 {
+				total = -1 // no limit: no shares
+			} else {
+				total += r.capacity
+			}
+		}
 		if r.capacity > 0 && n >= r.capacity {
 			continue
 		}
@@ -340,15 +377,19 @@ func (p *Pool) pickLocked(chain []uint64, avoid []string) (*poolReplica, func(er
 			o.slot, o.epoch = len(cands), p.epoch
 		}
 		cands = append(cands, Candidate{ID: r.id, InFlight: n, Capacity: r.capacity, rep: r})
+		free += r.capacity - n
 	}
 	p.cands = cands
+	if !p.shares.admits(flow, free, max(total, 0), now) {
+		return nil, nil, free > 0
+	}
 	if len(chain) > 0 && len(cands) > 0 {
 		p.index.match(chain, p.epoch, cands)
 	}
 	for len(cands) > 0 {
 		i := p.policy(p.rng, cands)
 		if i < 0 || i >= len(cands) {
-			return nil, nil
+			return nil, nil, false
 		}
 		r := cands[i].rep
 		var done func(error)
@@ -364,12 +405,15 @@ func (p *Pool) pickLocked(chain []uint64, avoid []string) (*poolReplica, func(er
 			done = d
 		}
 		r.inflight.Add(1)
+		if flow != "" {
+			p.shares.took(flow)
+		}
 		if len(chain) > 0 {
 			p.index.record(r.owner, chain)
 		}
-		return r, done
+		return r, done, false
 	}
-	return nil, nil
+	return nil, nil, false
 }
 
 // InFlight returns the requests in flight on replica id, counting those of

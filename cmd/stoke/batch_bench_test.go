@@ -38,7 +38,7 @@ func BenchmarkBatchInteractiveTTFT(b *testing.B) {
 	ctx := context.Background()
 	client := oai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	for b.Loop() {
-		alone := streamTTFT(base, "", rate, 16, phase)
+		alone := streamTTFT(base, "", "", rate, 16, phase)
 
 		var in strings.Builder
 		for i := range 50_000 {
@@ -65,7 +65,7 @@ func BenchmarkBatchInteractiveTTFT(b *testing.B) {
 		time.Sleep(phase / 2)
 		aloneLines := float64(counts()-before) / time.Since(t0).Seconds()
 		before, t0 = counts(), time.Now()
-		with := streamTTFT(base, "", rate, 16, phase)
+		with := streamTTFT(base, "", "", rate, 16, phase)
 		linesPerSec := float64(counts()-before) / time.Since(t0).Seconds()
 		client.Batches.Cancel(ctx, bt.ID)
 
