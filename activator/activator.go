@@ -413,7 +413,11 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 			batch.replica, batch.started = id, time.Now()
 			r.batch.add(batch)
 		}
-		err = a.tr.forward(ctx, addr, req, body, w)
+		var used *openai.Usage
+		used, err = a.tr.forward(ctx, addr, req, body, w)
+		if used != nil {
+			rec.usage.counted = used
+		}
 		if batch != nil {
 			r.batch.remove(batch)
 		}

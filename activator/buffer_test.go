@@ -546,7 +546,9 @@ func TestBufferFlowsTakeTurns(t *testing.T) {
 			mu.Lock()
 			n := len(order)
 			mu.Unlock()
-			if n == i+1 {
+			// ...and the baton the last one passed has come back (the
+			// woken waiter found no room), so the next Notify wakes the head.
+			if n == i+1 && b.Len() == 45-n {
 				break
 			}
 			time.Sleep(100 * time.Microsecond)

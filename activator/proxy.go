@@ -96,7 +96,9 @@ var errClient = errors.New("client failed")
 // another replica); one wrapping errClient when writing to the client
 // failed; any other error when the engine failed mid-answer, after which a
 // stream has ended with an error event. Cancelling ctx (the client went
-// away) cancels the engine's request.
+// away) cancels the engine's request. used is the usage the engine sent
+// in its UsageTrailer (a stream's; nil when it sent none), which the
+// client does not get.
 //
 // ReverseProxy aborts the handler with panic(http.ErrAbortHandler) when
 // copying the body fails, which would skip the caller's accounting and
@@ -104,14 +106,14 @@ var errClient = errors.New("client failed")
 // read error into the end of the answer (after the stream's error event)
 // and a writer that records a client write error and makes the body end,
 // and forward reports what they recorded.
-func (t *Transports) forward(ctx context.Context, addr string, r *http.Request, body []byte, w http.ResponseWriter) error {
+func (t *Transports) forward(ctx context.Context, addr string, r *http.Request, body []byte, w http.ResponseWriter) (used *openai.Usage, err error) {
 	p := t.proxy(addr)
 	a := &attempt{w: w, ctx: ctx, rc: http.NewResponseController(w), writeTimeout: t.WriteTimeout}
 	a.req.Reset(body)
 	in := r.WithContext(context.WithValue(ctx, attemptKey{}, a))
 	in.Body, in.GetBody, in.ContentLength = &a.req, nil, int64(len(body))
 	p.rp.ServeHTTP(a, in)
-	return a.err
+	return a.used, a.err
 }
 
 // attemptKey is the context key of a request's attempt, for
@@ -129,6 +131,8 @@ type attempt struct {
 	ctx          context.Context
 	req          requestBody
 	resp         io.ReadCloser // the engine's answer
+	trailer      http.Header   // its trailers, filled at the body's end
+	used         *openai.Usage // from its UsageTrailer
 	sse          bool
 	rewritten    bool   // ReverseProxy got as far as Rewrite
 	ended        bool   // the body reads EOF from now on
@@ -215,6 +219,7 @@ func (a *attempt) Read(p []byte) (int, error) {
 		return n, nil
 	case err == io.EOF:
 		a.ended = true
+		a.takeUsage()
 		return n, io.EOF
 	}
 	// The replica failed mid-answer (or the client went away and took the
@@ -228,6 +233,20 @@ func (a *attempt) Read(p []byte) (int, error) {
 }
 
 func (a *attempt) Close() error { return a.resp.Close() }
+
+// takeUsage reads the engine's UsageTrailer, once the body has ended, and
+// removes it so ReverseProxy does not pass it on.
+func (a *attempt) takeUsage() {
+	v := a.trailer.Get(engineapi.UsageTrailer)
+	if v == "" {
+		return
+	}
+	a.trailer.Del(engineapi.UsageTrailer)
+	var u openai.Usage
+	if json.Unmarshal([]byte(v), &u) == nil {
+		a.used = &u
+	}
+}
 
 // midStreamError is the SSE event that ends a stream whose replica failed.
 func midStreamError(err error) []byte {
@@ -264,6 +283,13 @@ func modifyResponse(res *http.Response) error {
 	}
 	a.sse = isEventStream(res.Header.Get("Content-Type"))
 	a.resp, res.Body = res.Body, a
+	// The usage trailer is the activator's, not the client's: unannounced,
+	// and taken out when it comes (takeUsage).
+	res.Trailer.Del(engineapi.UsageTrailer)
+	if res.Trailer == nil {
+		res.Trailer = http.Header{}
+	}
+	a.trailer = res.Trailer
 	return nil
 }
 

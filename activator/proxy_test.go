@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
 )
@@ -515,5 +516,41 @@ func TestServeClampsPriority(t *testing.T) {
 	wg.Wait()
 	if want := []string{"busy", "first", "jumper"}; fmt.Sprint(order) != fmt.Sprint(want) {
 		t.Fatalf("served %v, want %v: a client's priority jumped the interactive band", order, want)
+	}
+}
+
+// TestProxyUsageTrailer: a stream whose client did not ask for usage is
+// counted from the engine's usage trailer (which wins over an event's
+// usage), and the client gets neither the trailer nor its announcement.
+func TestProxyUsageTrailer(t *testing.T) {
+	var got Outcome
+	a := New(Options{Resolver: &testResolver{spec: config.Default()}, Admit: func(context.Context, http.ResponseWriter, AdmitRequest) (Admitted, *openai.Error) {
+		return Admitted{Done: func(o Outcome) { got = o }, Hold: true}, nil
+	}})
+	ts := httptest.NewServer(a)
+	defer ts.Close()
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Trailer", engineapi.UsageTrailer)
+		io.WriteString(w, "data: {\"choices\":[{\"text\":\"hi\"}],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n")
+		w.Header().Set(engineapi.UsageTrailer, `{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10,"prompt_tokens_details":{"cached_tokens":2}}`)
+	}))
+	defer engine.Close()
+	a.AddReplica("m", "r1", engineAddr(engine), 0)
+	resp, err := http.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"x","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := readEvents(t, resp.Body)
+	resp.Body.Close()
+	if len(events) != 2 || events[1] != "[DONE]" {
+		t.Fatalf("events %q", events)
+	}
+	if len(resp.Trailer) != 0 || resp.Header.Get("Trailer") != "" {
+		t.Fatalf("the client got trailers %v (announced %q)", resp.Trailer, resp.Header.Get("Trailer"))
+	}
+	u := got.Usage
+	if !got.Known || u.PromptTokens != 7 || u.CompletionTokens != 3 || u.PromptTokensDetails == nil || u.PromptTokensDetails.CachedTokens != 2 {
+		t.Fatalf("outcome %+v, want the trailer's usage 7/3 with 2 cached", got)
 	}
 }

@@ -351,6 +351,9 @@ type answerUsage struct {
 	sse  bool
 	body jsonUsage
 	ev   sseUsage
+	// counted, when set, is the usage the engine sent beside the answer
+	// (engineapi.UsageTrailer); it wins over what the answer says.
+	counted *openai.Usage
 }
 
 func (a *answerUsage) write(p []byte) {
@@ -372,6 +375,9 @@ func (a *answerUsage) events() int {
 
 // result is the usage read, and whether there was one.
 func (a *answerUsage) result() (openai.Usage, bool) {
+	if a.counted != nil {
+		return *a.counted, true
+	}
 	if a.sse {
 		return a.ev.usage, a.ev.found
 	}

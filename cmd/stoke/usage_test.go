@@ -18,9 +18,10 @@ import (
 	"github.com/stokehq/stoke/internal/store"
 )
 
-// usageLoad sends completions (plain, and streamed with usage) from 16
-// workers until stop is closed or a request fails, and returns the
-// request ids of the answers it read whole with a 200.
+// usageLoad sends completions (plain, streamed with usage in the stream,
+// and streamed without) from 16 workers until stop is closed or a request
+// fails, and returns the request ids of the answers it read whole with a
+// 200.
 func usageLoad(base string, stop <-chan struct{}) []string {
 	var mu sync.Mutex
 	var answered []string
@@ -35,9 +36,13 @@ func usageLoad(base string, stop <-chan struct{}) []string {
 					return
 				default:
 				}
+				stream := i%3 != 0
 				body := fmt.Sprintf(`{"model":"chat","prompt":"worker %d request %d","max_tokens":8}`, w, i)
-				if i%2 == 1 {
+				switch i % 3 {
+				case 1:
 					body = fmt.Sprintf(`{"model":"chat","prompt":"worker %d request %d","max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}`, w, i)
+				case 2:
+					body = fmt.Sprintf(`{"model":"chat","prompt":"worker %d request %d","max_tokens":8,"stream":true}`, w, i)
 				}
 				resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
 				if err != nil {
@@ -46,7 +51,7 @@ func usageLoad(base string, stop <-chan struct{}) []string {
 				data, err := io.ReadAll(resp.Body)
 				resp.Body.Close()
 				whole := err == nil && resp.StatusCode == http.StatusOK &&
-					(i%2 == 0 && strings.HasSuffix(strings.TrimSpace(string(data)), "}") || strings.HasSuffix(string(data), "data: [DONE]\n\n"))
+					(!stream && strings.HasSuffix(strings.TrimSpace(string(data)), "}") || stream && strings.HasSuffix(string(data), "data: [DONE]\n\n"))
 				if !whole {
 					return
 				}

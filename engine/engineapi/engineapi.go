@@ -95,3 +95,10 @@ type KVInfo struct {
 // clamped to the interactive band, a batch line's below it), so no client
 // reaches the engine's scheduler with a priority of its own choosing.
 const PriorityHeader = "X-Stoke-Priority"
+
+// UsageTrailer is the HTTP trailer in which an engine sends a streamed
+// answer's usage (an openai.Usage as JSON) after its last event, whether
+// or not the client asked for stream_options.include_usage: the
+// platform's activator counts every stream's tokens exactly (usage
+// records, limits, budgets) from it and removes it from the answer.
+const UsageTrailer = "Stoke-Usage"

@@ -268,6 +268,7 @@ func (s *Server) generate(c *gin.Context, j *job) {
 	h.Set("Cache-Control", "no-cache")
 	h.Set("Connection", "keep-alive")
 	h.Set("X-Accel-Buffering", "no")
+	h.Set("Trailer", engineapi.UsageTrailer)
 	c.Writer.WriteHeader(http.StatusOK)
 	sse := &sseWriter{c: c}
 	if first := j.format.first(); first != nil && !sse.event(first) {
@@ -306,6 +307,9 @@ func (s *Server) generate(c *gin.Context, j *job) {
 			sse.event(endError(d).Body())
 		}
 		sse.done()
+		if u, err := json.Marshal(usage(d.Usage)); err == nil {
+			h.Set(engineapi.UsageTrailer, string(u))
+		}
 		return
 	}
 }

@@ -399,3 +399,39 @@ func TestDefaultMaxTokensFitsKVPool(t *testing.T) {
 	checkErrorCases(t, f, []errorCase{{name: "explicit max_tokens past the pool", path: "/v1/completions",
 		body: `{"prompt":"hi","max_tokens":200}`, status: 400, param: "max_tokens", message: "KV cache"}})
 }
+
+// TestStreamUsageTrailer: every stream ends with its usage in the
+// Stoke-Usage trailer, asked for or not, and only a stream that asked has
+// the usage chunk among its events.
+func TestStreamUsageTrailer(t *testing.T) {
+	f := newModelFixture(t, true, Options{})
+	for _, tc := range []struct {
+		name, options string
+		chunk         bool
+	}{
+		{"not asked", ``, false},
+		{"include_usage", `,"stream_options":{"include_usage":true}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := f.openStream(t, "/v1/completions", `{"prompt":"Once upon a time","max_tokens":7,"temperature":0,"ignore_eos":true,"stream":true`+tc.options+`}`)
+			chunk := false
+			for {
+				data, ok := s.next(t)
+				if !ok {
+					break
+				}
+				chunk = chunk || strings.Contains(data, `"usage":{`)
+			}
+			if chunk != tc.chunk {
+				t.Fatalf("usage chunk in the events: %v, want %v", chunk, tc.chunk)
+			}
+			var u openai.Usage
+			if err := json.Unmarshal([]byte(s.resp.Trailer.Get(engineapi.UsageTrailer)), &u); err != nil {
+				t.Fatalf("trailer %q: %v", s.resp.Trailer.Get(engineapi.UsageTrailer), err)
+			}
+			if u.CompletionTokens != 7 || u.PromptTokens == 0 || u.TotalTokens != u.PromptTokens+7 {
+				t.Fatalf("trailer usage %+v, want 7 completion tokens and the prompt's", u)
+			}
+		})
+	}
+}
