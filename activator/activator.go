@@ -98,6 +98,8 @@ type route struct {
 	arrivals atomic.Int64 // requests ever received
 	// latency sums the durations of answered requests, for their mean.
 	latencySum, latencyN atomic.Int64
+	// tokens counts the prompt and completion tokens of its answers.
+	tokens atomic.Int64
 
 	// queueWait holds recent buffer waits, for the scaler's queue-wait
 	// signal.
@@ -141,6 +143,18 @@ func (a *Activator) Traffic(deployment string) (arrivals int64, meanLatency time
 		meanLatency = time.Duration(r.latencySum.Load() / n)
 	}
 	return r.arrivals.Load(), meanLatency
+}
+
+// Tokens returns the prompt and completion tokens a deployment's answers
+// carried so far (a counter), for the operating cost per token.
+func (a *Activator) Tokens(deployment string) int64 {
+	a.mu.RLock()
+	r, ok := a.deps[deployment]
+	a.mu.RUnlock()
+	if !ok {
+		return 0
+	}
+	return r.tokens.Load()
 }
 
 // QueueWaitP90 is the 90th percentile of how long a deployment's requests
@@ -291,6 +305,9 @@ func (a *Activator) handle(w http.ResponseWriter, req *http.Request, priority *i
 	if r != nil && rec.status == http.StatusOK && !rec.queued && err == nil {
 		r.latencySum.Add(int64(time.Since(start)))
 		r.latencyN.Add(1)
+	}
+	if u, ok := rec.usage.result(); r != nil && ok {
+		r.tokens.Add(int64(u.PromptTokens + u.CompletionTokens))
 	}
 	a.metrics.observe(model, rec, start)
 	return err

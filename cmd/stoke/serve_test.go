@@ -290,20 +290,33 @@ func TestServeEndToEnd(t *testing.T) {
 // prefix from /metrics.
 func metricValue(t *testing.T, base, prefix string) float64 {
 	t.Helper()
+	return scrape(t, base)(prefix)
+}
+
+// scrape reads /metrics once and returns what reads the first sample of a
+// metric whose line starts with prefix from that page (0 when none does).
+func scrape(t *testing.T, base string) func(prefix string) float64 {
+	t.Helper()
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	var lines []string
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if line := sc.Text(); strings.HasPrefix(line, prefix) {
-			var v float64
-			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
-			return v
-		}
+		lines = append(lines, sc.Text())
 	}
-	return 0
+	return func(prefix string) float64 {
+		for _, line := range lines {
+			if strings.HasPrefix(line, prefix) {
+				var v float64
+				fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+				return v
+			}
+		}
+		return 0
+	}
 }
 
 // readyReplicas counts the ready runtimes serving model.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -97,12 +98,13 @@ func engineTokens(t *testing.T, base string) int64 {
 }
 
 // TestServeUsageRecords: after a load test the usage records add up
-// exactly to the engines' own token counters; and with serve SIGKILLed
+// exactly to the engines' own token counters, and the operating cost per
+// million tokens is the replicas' cost over them; and with serve SIGKILLed
 // under load, every answer a client read whole has its record, once, and
 // no record is partial.
 func TestServeUsageRecords(t *testing.T) {
 	bucketDir := t.TempDir()
-	pushTo(t, bucketDir, "chat", "replicas:\n  min: 1\n  max: 1\n")
+	pushTo(t, bucketDir, "chat", "replicas:\n  min: 1\n  max: 1\ncost:\n  replica_hourly_usd: 3.6\n")
 	data := t.TempDir()
 	killEnginesAtEnd(t, data)
 	args := []string{"--data", data, "--bucket", "file://" + bucketDir, "--watch-interval", "100ms", "--warm", "0", "--slots", "1",
@@ -133,6 +135,14 @@ func TestServeUsageRecords(t *testing.T) {
 	if engine := engineTokens(t, s.base) - before; recorded != engine || requests != len(answered) || requests == 0 {
 		t.Fatalf("usage records: %d requests, %d tokens; the clients read %d answers, the engines counted %d tokens",
 			requests, recorded, len(answered), engine)
+	}
+	// One replica at $3.60 an hour costs a thousandth of a dollar a second.
+	metric := scrape(t, s.base)
+	seconds, usd := metric(`stoke_replica_seconds_total{model="chat"}`), metric(`stoke_operating_cost_usd_total{model="chat"}`)
+	per1M := metric(`stoke_cost_per_1m_tokens{model="chat"}`)
+	served := metric(`stoke_tokens_total{kind="completion",model="chat"}`) + metric(`stoke_tokens_total{kind="prompt",model="chat"}`)
+	if seconds < 2 || math.Abs(usd-seconds/1000) > 1e-6 || per1M <= 0 || math.Abs(per1M-usd/served*1e6) > 0.01*per1M {
+		t.Fatalf("replica-seconds %v, cost $%v, $%v per 1M tokens over %v tokens served: want cost = seconds/1000, and cost/tokens", seconds, usd, per1M, served)
 	}
 
 	var killed atomic.Bool

@@ -18,6 +18,8 @@ func TestBounds(t *testing.T) {
 		{`{"replicas":{"sleeping":-1}}`, "replicas.sleeping: -1"},
 		{`{"price":{"input_per_1m":-1}}`, "price.input_per_1m: -1 is outside"},
 		{`{"price":{"output_per_1m":20000}}`, "price.output_per_1m: 20000 is outside"},
+		{`{"cost":{"replica_hourly_usd":-0.5}}`, "cost.replica_hourly_usd: -0.5 is outside"},
+		{`{"cost":{"replica_hourly_usd":5000}}`, "cost.replica_hourly_usd: 5000 is outside"},
 		{`{"target_concurrency":1e-300}`, "target_concurrency: 1e-300"},
 		{`{"target_concurrency":1e308}`, "target_concurrency: 1e+308"},
 		{`{"target_concurrency":0.009}`, "target_concurrency"},

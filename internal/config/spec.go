@@ -67,7 +67,24 @@ type Spec struct {
 	// million tokens (the dearest list prices are in the hundreds); a
 	// larger one is a typo.
 	Price Price `json:"price"`
+	// Cost is what the deployment costs to run, for the operating cost
+	// per token (stoke_cost_per_1m_tokens); zero leaves it unmeasured.
+	Cost Cost `json:"cost"`
 }
+
+// Cost is what running a deployment costs.
+type Cost struct {
+	// ReplicaHourlyUSD is one replica's cost per hour, in US dollars
+	// (its GPUs' share of the instance price), counted from the start of
+	// its cold start to its release.
+	//
+	// Bounds: [0, 1000]. The largest GPU instances (8 accelerators) list
+	// below $100 an hour; a thousand is a typo.
+	ReplicaHourlyUSD float64 `json:"replica_hourly_usd"`
+}
+
+// MaxReplicaHourlyUSD bounds Cost.ReplicaHourlyUSD.
+const MaxReplicaHourlyUSD = 1000
 
 // Price is a deployment's price per million tokens.
 type Price struct {
@@ -273,6 +290,9 @@ func (s Spec) Validate() error {
 		if math.IsNaN(p.v) || p.v < 0 || p.v > MaxPricePer1M {
 			return fieldErr(p.field, "%v is outside [0, %d]", p.v, MaxPricePer1M)
 		}
+	}
+	if v := s.Cost.ReplicaHourlyUSD; math.IsNaN(v) || v < 0 || v > MaxReplicaHourlyUSD {
+		return fieldErr("cost.replica_hourly_usd", "%v is outside [0, %d]", v, MaxReplicaHourlyUSD)
 	}
 	switch {
 	case s.Buffer.Capacity < 0:

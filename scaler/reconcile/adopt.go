@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"time"
 
 	"github.com/stokehq/stoke/internal/tier"
 	"github.com/stokehq/stoke/runtime"
@@ -28,6 +29,7 @@ func (c *Controller) adoptReplicas(ctx context.Context) {
 			continue
 		}
 		if d, ok := c.deps[r.Model]; ok && r.Revision == d.d.Revision {
+			d.meter(time.Now())
 			d.pending++ // reconcile counts it as on its way
 			current = append(current, ready{r.Model, r.Revision})
 		} else {

@@ -34,8 +34,12 @@ func (c *Controller) set(d store.Deployment) error {
 	if !ok || dep.spec != spec {
 		nd := &deployment{d: d, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{},
 			draining: map[string]bool{}}
+		now := time.Now()
+		nd.cost.since = now
 		if ok {
+			dep.meter(now) // at the old spec's cost, up to now
 			nd.replicas, nd.engines, nd.pending, nd.draining, nd.last, nd.lastAcq, nd.hold, nd.arrivals = dep.replicas, dep.engines, dep.pending, dep.draining, dep.last, dep.lastAcq, dep.hold, dep.arrivals
+			nd.cost = dep.cost
 		}
 		c.deps[d.Name] = nd
 		return nil
@@ -246,6 +250,7 @@ func (c *Controller) skipFailed(name, revision string) bool {
 	if failed {
 		c.mu.Lock()
 		if d := c.deps[name]; d != nil {
+			d.meter(time.Now())
 			d.pending--
 		}
 		c.mu.Unlock()

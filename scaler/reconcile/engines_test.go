@@ -107,4 +107,5 @@ func (idleRouter) InFlight(string, string) int                   { return 0 }
 func (idleRouter) Concurrency(string) float64                    { return 0 }
 func (idleRouter) QueueWaitP90(string) time.Duration             { return 0 }
 func (idleRouter) Traffic(string) (int64, time.Duration)         { return 0, 0 }
+func (idleRouter) Tokens(string) int64                           { return 0 }
 func (idleRouter) PreemptBatch(string, string, string) int       { return 0 }

@@ -76,6 +76,9 @@ type Router interface {
 	QueueWaitP90(deployment string) time.Duration
 	// Traffic is its requests received so far and their mean duration.
 	Traffic(deployment string) (arrivals int64, meanLatency time.Duration)
+	// Tokens is the prompt and completion tokens its answers carried so
+	// far, for the operating cost per token.
+	Tokens(deployment string) int64
 	// PreemptBatch cancels the batch requests on one of its replicas
 	// with reason and returns how many; their runners requeue them.
 	PreemptBatch(deployment, replicaID, reason string) int
@@ -136,7 +139,8 @@ type Options struct {
 	// Metrics, when set, records every decision.
 	Metrics *scaler.Metrics
 	// Registerer, when set, receives the cold-start series
-	// (stoke_cold_starts_total, stoke_cold_start_seconds).
+	// (stoke_cold_starts_total, stoke_cold_start_seconds) and the
+	// operating cost's (cost.go).
 	Registerer prometheus.Registerer
 	// Cache is the node cache the runtimes load through, for Prepare.
 	Cache RevisionRemover
@@ -191,6 +195,8 @@ type deployment struct {
 	lastAcq  *runtime.Replica
 	// hold pauses scaling from a Prepare until the next request pokes.
 	hold bool
+	// cost meters its replica-seconds (cost.go).
+	cost replicaMeter
 	// arrivals is the router's arrival count at the last reconciliation.
 	arrivals int64
 }
@@ -206,9 +212,13 @@ func (d *deployment) serving() []string {
 	return ids
 }
 
-// forget drops replica id from its books, reporting whether it was there.
-func (d *deployment) forget(id string) bool {
+// forget drops replica id from its books at now, reporting whether it
+// was there.
+func (d *deployment) forget(now time.Time, id string) bool {
 	_, ok := d.replicas[id]
+	if ok {
+		d.meter(now)
+	}
 	delete(d.replicas, id)
 	delete(d.draining, id)
 	return ok
@@ -234,8 +244,9 @@ func New(ctx context.Context, opts Options) (*Controller, error) {
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60}}, []string{"tier"}),
 	}
 	if opts.Registerer != nil {
-		if err := errors.Join(opts.Registerer.Register(c.coldStarts), opts.Registerer.Register(c.coldStartSeconds)); err != nil {
-			return nil, fmt.Errorf("register cold-start metrics: %w", err)
+		if err := errors.Join(opts.Registerer.Register(c.coldStarts), opts.Registerer.Register(c.coldStartSeconds),
+			opts.Registerer.Register(newCostCollector(c))); err != nil {
+			return nil, fmt.Errorf("register cold-start and cost metrics: %w", err)
 		}
 	}
 	var err error
@@ -328,7 +339,7 @@ func (c *Controller) OnRuntimeEvent(e runtime.Event) {
 	c.mu.Lock()
 	var dep string
 	for name, d := range c.deps {
-		if d.forget(e.Runtime) {
+		if d.forget(time.Now(), e.Runtime) {
 			dep = name
 		}
 	}
@@ -419,6 +430,7 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 			want = min(want, c.opts.Slots) // more could never get a slot
 		}
 		start = max(0, want-len(serving)-d.pending)
+		d.meter(now)
 		d.pending += start
 	case dec.Desired < len(serving):
 		release = leastBusy(serving, len(serving)-dec.Desired, func(id string) int { return c.opts.Router.InFlight(name, id) })
@@ -461,6 +473,7 @@ func (c *Controller) acquire(ctx context.Context, name, revision string) {
 	c.noteLoad(ctx, name, revision, err) // deployments.go: counts consecutive load failures
 	c.mu.Lock()
 	d := c.deps[name]
+	d.meter(time.Now())
 	d.pending--
 	// A re-adopted ready replica (t0) is no cold start: neither the
 	// autoscaler's cold-start time nor the cold-start series hear of it.
@@ -499,7 +512,7 @@ func (c *Controller) release(ctx context.Context, name, id string) {
 	defer c.wg.Done()
 	c.opts.Router.RemoveReplica(ctx, name, id)
 	c.mu.Lock()
-	c.deps[name].forget(id)
+	c.deps[name].forget(time.Now(), id)
 	c.mu.Unlock()
 	if err := c.opts.Runtimes.Release(ctx, id); err != nil {
 		c.log.Warn("release a replica", "deployment", name, "runtime", id, "err", err)
