@@ -90,6 +90,7 @@ const window = time.Minute
 type reservation struct {
 	at     time.Time
 	tokens int
+	gone   bool // left the window (pruned from its meter's log)
 }
 
 // meter enforces one holder's (a tenant's or a key's) limits. Every
@@ -99,9 +100,11 @@ type reservation struct {
 // in can never be proved wrong later: the limits are never exceeded, by
 // any number of concurrent requests.
 type meter struct {
-	limits   Limits
-	log      []*reservation // oldest first
-	inflight int
+	limits Limits
+	log    []*reservation // oldest first
+	// logTokens is the sum of the log's tokens.
+	logTokens int
+	inflight  int
 	// The budget of the period that started at period: spent is what
 	// answers of the period used (read back from the usage records when
 	// the meter is first used), reserved what requests in flight may.
@@ -122,17 +125,33 @@ func (m *meter) overBudget(tokens, micro int64) bool {
 func (m *meter) prune(now time.Time) {
 	i := 0
 	for i < len(m.log) && now.Sub(m.log[i].at) >= window {
+		m.logTokens -= m.log[i].tokens
+		m.log[i].gone = true
 		i++
 	}
 	m.log = m.log[i:]
 }
 
+// reserve adds r to the window.
+func (m *meter) reserve(r *reservation) {
+	m.log = append(m.log, r)
+	m.logTokens += r.tokens
+}
+
+// settle lowers r's tokens to what its answer used.
+func (m *meter) settle(r *reservation, tokens int) {
+	if tokens >= r.tokens {
+		return
+	}
+	if !r.gone {
+		m.logTokens -= r.tokens - tokens
+	}
+	r.tokens = tokens
+}
+
 // used is the requests and tokens reserved in the window.
 func (m *meter) used() (requests, tokens int) {
-	for _, r := range m.log {
-		tokens += r.tokens
-	}
-	return len(m.log), tokens
+	return len(m.log), m.logTokens
 }
 
 // wait is how long until a reservation of tokens would fit (0: now).
@@ -221,7 +240,7 @@ func (s *Service) admitLimits(ctx context.Context, w http.ResponseWriter, r acti
 	if !refused {
 		for i, m := range meters {
 			res[i] = &reservation{at: now, tokens: tokens}
-			m.log = append(m.log, res[i])
+			m.reserve(res[i])
 			m.inflight++
 			m.reservedTokens += int64(tokens)
 			m.resMicro += micro
@@ -268,7 +287,7 @@ func (s *Service) admitLimits(ctx context.Context, w http.ResponseWriter, r acti
 				m.spentTokens += usedTokens
 				m.spentMicro += usedMicro
 			}
-			res[i].tokens = int(min(int64(res[i].tokens), usedTokens))
+			m.settle(res[i], int(min(int64(res[i].tokens), usedTokens)))
 		}
 	}
 	return adm, nil
@@ -357,13 +376,15 @@ func (s *Service) limitsOf(p Principal) (tenant, key Limits) {
 // for tokens, those of the meter (the key's, else the tenant's) with less
 // room left.
 func setRateHeaders(h http.Header, meters []*meter, now time.Time) {
-	for _, dim := range []struct {
-		name  string
-		limit func(Limits) int
-		used  func(requests, tokens int) int
+	for _, dim := range [...]struct {
+		limitKey, remainingKey, resetKey string // canonical: set without rewriting
+		limit                            func(Limits) int
+		used                             func(requests, tokens int) int
 	}{
-		{"requests", func(l Limits) int { return l.RequestsPerMinute }, func(r, _ int) int { return r }},
-		{"tokens", func(l Limits) int { return l.TokensPerMinute }, func(_, t int) int { return t }},
+		{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests",
+			func(l Limits) int { return l.RequestsPerMinute }, func(r, _ int) int { return r }},
+		{"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens",
+			func(l Limits) int { return l.TokensPerMinute }, func(_, t int) int { return t }},
 	} {
 		var limit, remaining int
 		var reset time.Duration
@@ -383,9 +404,9 @@ func setRateHeaders(h http.Header, meters []*meter, now time.Time) {
 			}
 		}
 		if found {
-			h.Set("x-ratelimit-limit-"+dim.name, strconv.Itoa(limit))
-			h.Set("x-ratelimit-remaining-"+dim.name, strconv.Itoa(remaining))
-			h.Set("x-ratelimit-reset-"+dim.name, reset.Round(time.Millisecond).String())
+			h[dim.limitKey] = []string{strconv.Itoa(limit)}
+			h[dim.remainingKey] = []string{strconv.Itoa(remaining)}
+			h[dim.resetKey] = []string{reset.Round(time.Millisecond).String()}
 		}
 	}
 }

@@ -247,3 +247,38 @@ func TestAdmitBudgetWithoutUsageRecords(t *testing.T) {
 		t.Fatalf("%d requests of 30 tokens admitted against a budget of 100, want 3", admitted)
 	}
 }
+
+// TestMeterWindowSum: the meter's running sum of the window's tokens is
+// the sum of its reservations through reservations, answers that settle
+// them (in the window or after they left it) and pruning.
+func TestMeterWindowSum(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m := &meter{}
+	var all []*reservation
+	naive := func() int {
+		sum := 0
+		for _, r := range m.log {
+			sum += r.tokens
+		}
+		return sum
+	}
+	for i := range 200 {
+		now := t0.Add(time.Duration(i) * time.Second)
+		m.prune(now)
+		r := &reservation{at: now, tokens: 100 + i}
+		m.reserve(r)
+		all = append(all, r)
+		if i >= 5 { // an answer five reservations back settles, and one from long ago
+			m.settle(all[i-5], 10)
+		}
+		if i >= 90 {
+			m.settle(all[i-90], 1)
+		}
+		if _, got := m.used(); got != naive() {
+			t.Fatalf("after %d reservations: running sum %d, the log's %d", i+1, got, naive())
+		}
+	}
+	if n, _ := m.used(); n != 60 {
+		t.Fatalf("%d reservations in the window, want 60", n)
+	}
+}

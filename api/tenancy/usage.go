@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -13,19 +12,14 @@ import (
 	"github.com/stokehq/stoke/internal/store"
 )
 
-// usageLog writes usage records in group commits: a record waits for the
-// commit (one transaction, one fsync) that takes every record that arrived
-// while the previous one ran, so a busy gateway pays one fsync per batch,
-// not per request. No goroutine lives longer than the records it commits.
+// usageLog writes usage records: each is durable (one write to the state
+// store's usage journal) before record returns, and reaches the usage
+// table in the store's group commits, off the request's path.
 type usageLog struct {
-	st      *store.Store
-	log     *slog.Logger
-	tokens  *prometheus.CounterVec
-	cost    *prometheus.CounterVec
-	mu      sync.Mutex
-	pending []store.UsageRecord
-	waiters []chan error
-	running bool
+	st     *store.Store
+	log    *slog.Logger
+	tokens *prometheus.CounterVec
+	cost   *prometheus.CounterVec
 }
 
 func newUsageLog(st *store.Store, log *slog.Logger, reg prometheus.Registerer) *usageLog {
@@ -43,48 +37,18 @@ func newUsageLog(st *store.Store, log *slog.Logger, reg prometheus.Registerer) *
 
 // record writes r and returns once it is durable (or failed to be).
 func (u *usageLog) record(r store.UsageRecord) error {
-	done := make(chan error, 1)
-	u.mu.Lock()
-	u.pending = append(u.pending, r)
-	u.waiters = append(u.waiters, done)
-	if !u.running {
-		u.running = true
-		go u.commit()
+	if err := u.st.AppendUsage([]store.UsageRecord{r}); err != nil {
+		u.log.Error("record usage", "request", r.RequestID, "err", err)
+		return err
 	}
-	u.mu.Unlock()
-	return <-done
-}
-
-// commit writes what is pending, batch after batch, until nothing is.
-func (u *usageLog) commit() {
-	for {
-		u.mu.Lock()
-		batch, waiters := u.pending, u.waiters
-		u.pending, u.waiters = nil, nil
-		if len(batch) == 0 {
-			u.running = false
-			u.mu.Unlock()
-			return
-		}
-		u.mu.Unlock()
-		err := u.st.InsertUsage(context.Background(), batch)
-		if err != nil {
-			u.log.Error("record usage", "records", len(batch), "err", err)
-		} else {
-			for _, r := range batch {
-				tenant := r.TenantID
-				if tenant == "" {
-					tenant = "none"
-				}
-				u.tokens.WithLabelValues(tenant, r.Model, "prompt").Add(float64(r.PromptTokens))
-				u.tokens.WithLabelValues(tenant, r.Model, "completion").Add(float64(r.CompletionTokens))
-				u.cost.WithLabelValues(tenant, r.Model).Add(float64(r.CostMicroUSD) / 1e6)
-			}
-		}
-		for _, w := range waiters {
-			w <- err
-		}
+	tenant := r.TenantID
+	if tenant == "" {
+		tenant = "none"
 	}
+	u.tokens.WithLabelValues(tenant, r.Model, "prompt").Add(float64(r.PromptTokens))
+	u.tokens.WithLabelValues(tenant, r.Model, "completion").Add(float64(r.CompletionTokens))
+	u.cost.WithLabelValues(tenant, r.Model).Add(float64(r.CostMicroUSD) / 1e6)
+	return nil
 }
 
 // Admit is the activator's admission check (activator.Options.Admit): the

@@ -82,7 +82,7 @@ DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 	fl.StringSliceVar(&f.batchWindows, "batch-completion-windows", []string{batch.DefaultWindow}, "completion windows a batch may ask for (OpenAI offers 24h only; a shorter one is for tests)")
 	fl.IntVar(&f.batchInFlight, "batch-max-in-flight", 64, "batch lines in flight per model at most (the runner adapts below it)")
 	fl.Float64Var(&f.batchTolerance, "batch-latency-tolerance", batch.DefaultLatencyTolerance, "how much batch lines may slow a model's time per output token (1.1: by 10%) before their concurrency shrinks")
-	fl.BoolVar(&f.noUsage, "no-usage-records", false, "keep no usage record of requests (they cost a group commit before each answer's last byte)")
+	fl.BoolVar(&f.noUsage, "no-usage-records", false, "keep no usage record of requests (each costs a journal write before its answer's last byte)")
 	fl.IntVar(&f.slots, "slots", 4, "runtimes this node runs at most")
 	fl.IntVar(&f.warm, "warm", 1, "blank runtimes kept started (the warm pool)")
 	fl.StringVar(&f.sleepBudget, "sleep-budget", "4GiB", "weight memory sleeping replicas may keep")

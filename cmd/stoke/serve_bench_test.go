@@ -35,6 +35,12 @@ type loadResult struct {
 	errors int64
 }
 
+// merge adds another run's latencies and errors to r.
+func (r *loadResult) merge(o loadResult) {
+	r.lat = append(r.lat, o.lat...)
+	r.errors += o.errors
+}
+
 func (r loadResult) pct(p float64) time.Duration {
 	if len(r.lat) == 0 {
 		return 0

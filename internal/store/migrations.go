@@ -135,6 +135,10 @@ var migrations = [...]string{
 	CREATE INDEX usage_by_key ON usage (key_id, created_at);`,
 	// 11: a key's priority class ('' for the default).
 	`ALTER TABLE api_keys ADD COLUMN priority TEXT NOT NULL DEFAULT '';`,
+	// 12: the usage journal's entry id of a record (NULL for one inserted
+	// directly), unique so a journal drained twice records it once.
+	`ALTER TABLE usage ADD COLUMN entry TEXT;
+	CREATE UNIQUE INDEX usage_by_entry ON usage (entry);`,
 }
 
 // SchemaVersion is the user_version of a database this package has brought

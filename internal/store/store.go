@@ -41,12 +41,10 @@ var (
 // Store is an open state database.
 type Store struct {
 	db *sql.DB
-	// appDurable writes with synchronous=NORMAL: in WAL mode a commit then
-	// survives the process being killed, not the machine losing power. It
-	// is for records written on a request's path (usage), where an fsync
-	// per group commit would cost every request.
-	appDurable *sql.DB
-	path       string
+	// journal is where usage records are appended on a request's path
+	// (journal.go).
+	journal *usageJournal
+	path    string
 	// now stamps created/updated times; tests replace it.
 	now func() time.Time
 }
@@ -71,7 +69,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("open state store %s: %w", abs, err)
 	}
-	if s.appDurable, err = sql.Open("sqlite", strings.Replace(dsn(abs), "synchronous(FULL)", "synchronous(NORMAL)", 1)); err != nil {
+	if s.journal, err = openUsageJournal(ctx, journalPath(abs), s.InsertUsage); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open state store %s: %w", abs, err)
 	}
@@ -94,11 +92,15 @@ func dsn(abs string) string {
 // Path is the database file's absolute path.
 func (s *Store) Path() string { return s.path }
 
-// Close closes the database. Calls made afterwards fail.
+// Close drains the usage journal and closes the database. Calls made
+// afterwards fail.
 func (s *Store) Close() error {
-	s.appDurable.Close()
+	jerr := s.journal.close(context.Background())
 	if err := s.db.Close(); err != nil {
-		return fmt.Errorf("close state store %s: %w", s.path, err)
+		return fmt.Errorf("close state store %s: %w", s.path, errors.Join(jerr, err))
+	}
+	if jerr != nil {
+		return fmt.Errorf("close state store %s: %w", s.path, jerr)
 	}
 	return nil
 }

@@ -18,18 +18,39 @@ type UsageRecord struct {
 	// CostMicroUSD is what it cost, in millionths of a US dollar.
 	CostMicroUSD int64
 	CreatedAt    time.Time
+	// entry is the record's id in the usage journal ("" for none).
+	entry string
 }
 
-// InsertUsage records rs in one transaction: all of them or none. The
-// commit survives the process being killed; the machine losing power may
-// lose the last ones (see Store.appDurable).
+// AppendUsage records rs on a request's path: durable, against the
+// process being killed, when it returns (one write to the usage journal;
+// the machine losing power may lose the last ones), in the usage table
+// within a fraction of a second, and seen by every read of usage at once.
+func (s *Store) AppendUsage(rs []UsageRecord) error {
+	for i := range rs {
+		if rs[i].CreatedAt.IsZero() {
+			rs[i].CreatedAt = s.now()
+		}
+	}
+	return s.journal.append(rs)
+}
+
+// FlushUsage moves the records appended so far into the usage table.
+// Every read of usage does it first; it is for readers of the database
+// file itself.
+func (s *Store) FlushUsage(ctx context.Context) error {
+	return s.journal.flush(ctx)
+}
+
+// InsertUsage records rs in the usage table in one transaction: all of
+// them or none (a record already there from the journal is kept once).
 func (s *Store) InsertUsage(ctx context.Context, rs []UsageRecord) error {
 	if len(rs) == 0 {
 		return nil
 	}
-	return txOn(ctx, s.appDurable, func(tx *sql.Tx) error {
-		stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage (request_id, tenant_id, key_id, model, status, prompt_tokens,
-			completion_tokens, cached_tokens, ttft_us, duration_us, cost_micro_usd, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		stmt, err := tx.PrepareContext(ctx, `INSERT OR IGNORE INTO usage (request_id, tenant_id, key_id, model, status, prompt_tokens,
+			completion_tokens, cached_tokens, ttft_us, duration_us, cost_micro_usd, created_at, entry) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 		if err != nil {
 			return fmt.Errorf("record usage: %w", err)
 		}
@@ -39,7 +60,7 @@ func (s *Store) InsertUsage(ctx context.Context, rs []UsageRecord) error {
 				r.CreatedAt = s.now()
 			}
 			if _, err := stmt.ExecContext(ctx, r.RequestID, r.TenantID, r.KeyID, r.Model, r.Status, r.PromptTokens, r.CompletionTokens,
-				r.CachedTokens, r.TTFT.Microseconds(), r.Duration.Microseconds(), r.CostMicroUSD, stamp(r.CreatedAt)); err != nil {
+				r.CachedTokens, r.TTFT.Microseconds(), r.Duration.Microseconds(), r.CostMicroUSD, stamp(r.CreatedAt), sql.NullString{String: r.entry, Valid: r.entry != ""}); err != nil {
 				return fmt.Errorf("record usage of %s: %w", r.RequestID, err)
 			}
 		}
@@ -73,6 +94,9 @@ type UsageTotal struct {
 // UsageTotals sums the selected records by tenant, model and UTC day
 // (YYYY-MM-DD), ordered by day, tenant and model.
 func (s *Store) UsageTotals(ctx context.Context, q UsageQuery) ([]UsageTotal, error) {
+	if err := s.FlushUsage(ctx); err != nil {
+		return nil, err
+	}
 	where, args := "1", []any{}
 	if q.Tenant != "" || q.ExactTenant {
 		where, args = where+" AND tenant_id = ?", append(args, q.Tenant)
@@ -109,6 +133,9 @@ func (s *Store) UsageTotals(ctx context.Context, q UsageQuery) ([]UsageTotal, er
 
 // UsageRequestIDs returns the request ids of every record (for checks).
 func (s *Store) UsageRequestIDs(ctx context.Context) (map[string]int, error) {
+	if err := s.FlushUsage(ctx); err != nil {
+		return nil, err
+	}
 	rows, err := s.db.QueryContext(ctx, `SELECT request_id FROM usage`)
 	if err != nil {
 		return nil, fmt.Errorf("read usage: %w", err)
@@ -128,6 +155,9 @@ func (s *Store) UsageRequestIDs(ctx context.Context) (map[string]int, error) {
 // UsageSpend sums the tokens and cost of the answered (200) requests of a
 // tenant (keyID "") or of one key, recorded since since.
 func (s *Store) UsageSpend(ctx context.Context, tenantID, keyID string, since time.Time) (tokens, microUSD int64, err error) {
+	if err := s.FlushUsage(ctx); err != nil {
+		return 0, 0, err
+	}
 	col, id := "tenant_id", tenantID
 	if keyID != "" {
 		col, id = "key_id", keyID
