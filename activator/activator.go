@@ -133,9 +133,7 @@ func New(opts Options) *Activator {
 // Traffic reports a deployment's requests received so far (a counter) and
 // the mean duration of those answered, for the scaler's forecaster.
 func (a *Activator) Traffic(deployment string) (arrivals int64, meanLatency time.Duration) {
-	a.mu.RLock()
-	r, ok := a.deps[deployment]
-	a.mu.RUnlock()
+	r, ok := a.existing(deployment)
 	if !ok {
 		return 0, 0
 	}
@@ -148,9 +146,7 @@ func (a *Activator) Traffic(deployment string) (arrivals int64, meanLatency time
 // Tokens returns the prompt and completion tokens a deployment's answers
 // carried so far (a counter), for the operating cost per token.
 func (a *Activator) Tokens(deployment string) int64 {
-	a.mu.RLock()
-	r, ok := a.deps[deployment]
-	a.mu.RUnlock()
+	r, ok := a.existing(deployment)
 	if !ok {
 		return 0
 	}
@@ -163,9 +159,7 @@ func (a *Activator) Tokens(deployment string) int64 {
 // replicas routable at the time (see queueWaits); 0 when there was none.
 // It is the scaler's queue-wait signal, read at the scaler's cadence.
 func (a *Activator) QueueWaitP90(deployment string) time.Duration {
-	a.mu.RLock()
-	r, ok := a.deps[deployment]
-	a.mu.RUnlock()
+	r, ok := a.existing(deployment)
 	if !ok {
 		return 0
 	}
@@ -174,11 +168,17 @@ func (a *Activator) QueueWaitP90(deployment string) time.Duration {
 	return p90
 }
 
+// existing returns a deployment's routing state, if it has one yet.
+func (a *Activator) existing(deployment string) (*route, bool) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	r, ok := a.deps[deployment]
+	return r, ok
+}
+
 // routeFor returns a deployment's routing state, creating it.
 func (a *Activator) routeFor(name string, spec config.Spec) *route {
-	a.mu.RLock()
-	r, ok := a.deps[name]
-	a.mu.RUnlock()
+	r, ok := a.existing(name)
 	if ok {
 		if r.buffer.Cap() != spec.Buffer.Capacity {
 			r.buffer.SetCap(spec.Buffer.Capacity)
@@ -220,9 +220,7 @@ func (a *Activator) AddReplica(deployment, id, addr string, capacity int) {
 // RemoveReplica stops routing to a replica and waits until its requests
 // in flight are done or ctx ends.
 func (a *Activator) RemoveReplica(ctx context.Context, deployment, id string) {
-	a.mu.RLock()
-	r, ok := a.deps[deployment]
-	a.mu.RUnlock()
+	r, ok := a.existing(deployment)
 	if !ok {
 		return
 	}
@@ -242,9 +240,7 @@ func (a *Activator) RemoveReplica(ctx context.Context, deployment, id string) {
 
 // InFlight is the requests in flight on one replica of a deployment.
 func (a *Activator) InFlight(deployment, id string) int {
-	a.mu.RLock()
-	r, ok := a.deps[deployment]
-	a.mu.RUnlock()
+	r, ok := a.existing(deployment)
 	if !ok {
 		return 0
 	}
@@ -253,9 +249,7 @@ func (a *Activator) InFlight(deployment, id string) int {
 
 // Concurrency is a deployment's requests in flight plus those buffered.
 func (a *Activator) Concurrency(deployment string) float64 {
-	a.mu.RLock()
-	r, ok := a.deps[deployment]
-	a.mu.RUnlock()
+	r, ok := a.existing(deployment)
 	if !ok {
 		return 0
 	}

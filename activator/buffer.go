@@ -467,7 +467,7 @@ func (b *Buffer) aheadLocked(priority int, flow Flow) bool {
 }
 
 // handOverLocked wakes the first waiter whose flow is not in skip (the
-// flows a wake-up was already held back for), passing skip on; it does
+// flows a wake-up was already held back for), passing skip on, and
 // reports false when every waiter's flow is in skip. b.mu is held.
 func (b *Buffer) handOverLocked(skip []string) bool {
 	best := -1

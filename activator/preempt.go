@@ -110,9 +110,7 @@ func (s *batchSet) preemptOn(replica, reason string) int {
 // how many it cancelled. Their callers see an error wrapping ErrPreempted
 // and run them again; interactive requests on the replica are untouched.
 func (a *Activator) PreemptBatch(deployment, replicaID, reason string) int {
-	a.mu.RLock()
-	r, ok := a.deps[deployment]
-	a.mu.RUnlock()
+	r, ok := a.existing(deployment)
 	if !ok {
 		return 0
 	}
