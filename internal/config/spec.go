@@ -241,9 +241,23 @@ func knownFields(raw json.RawMessage, t reflect.Type, path string) error {
 		if !ok {
 			return fmt.Errorf("%s%s: unknown field", path, name)
 		}
-		if ft.Kind() == reflect.Struct {
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		switch {
+		case ft.Kind() == reflect.Struct:
 			if err := knownFields(obj[name], ft, path+name+"."); err != nil {
 				return err
+			}
+		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
+			var elems []json.RawMessage
+			if json.Unmarshal(obj[name], &elems) != nil {
+				continue // not an array (json.Unmarshal into t has judged it)
+			}
+			for i, e := range elems {
+				if err := knownFields(e, ft.Elem(), fmt.Sprintf("%s%s[%d].", path, name, i)); err != nil {
+					return err
+				}
 			}
 		}
 	}
