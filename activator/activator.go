@@ -68,6 +68,12 @@ type Options struct {
 	// waits for a replica (the tenancy's rate limits), and hears how it
 	// ended.
 	Admit Admit
+	// ProviderBreaker configures the circuit breakers of the routes'
+	// external providers (the defaults: BreakerOptions').
+	ProviderBreaker BreakerOptions
+	// CallerOf, when set, says who sends a request (its tenant and key
+	// class), for the routes' tenant and tier rules.
+	CallerOf func(ctx context.Context) Caller
 	// Registerer, when set, receives the activator's stoke_* series.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -85,6 +91,8 @@ type Activator struct {
 
 	mu   sync.RWMutex
 	deps map[string]*route
+	// routes is the routes in effect (RouteBook sets them); nil: none.
+	routes atomic.Pointer[routeTable]
 }
 
 // route is one deployment's routing state.
@@ -267,6 +275,18 @@ type inferenceRequest struct {
 	MaxCompletionTokens *int `json:"max_completion_tokens"`
 }
 
+// maxTokens is the max_tokens (or max_completion_tokens) asked for; 0 when
+// none was.
+func (ir *inferenceRequest) maxTokens() int {
+	switch {
+	case ir.MaxTokens != nil:
+		return *ir.MaxTokens
+	case ir.MaxCompletionTokens != nil:
+		return *ir.MaxCompletionTokens
+	}
+	return 0
+}
+
 // ServeHTTP serves /v1/completions and /v1/chat/completions. A client's
 // priority is kept in the interactive band (ClampClientPriority).
 func (a *Activator) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -342,8 +362,11 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 			return "", nil, nil
 		}
 	}
-	_, spec, ok := a.opts.Resolver.Lookup(ir.Model)
-	if !ok {
+	// A route resolves to the deployment it picks for this request, and
+	// brings its fallback chain.
+	via, dep := a.routes.Load().resolve(ir.Model, &requestFacts{promptTokens: (len(ir.Prompt) + len(ir.Messages)) / promptTokenBytes,
+		maxTokens: ir.maxTokens(), text: func() string { return lastUserText(&ir) }, caller: a.callerOf(req.Context()), header: req.Header}, randIntN)
+	if _, _, ok := a.opts.Resolver.Lookup(dep); !ok && via == nil {
 		writeError(w, openai.ModelNotFound(ir.Model), 0)
 		return "", nil, nil
 	}
@@ -354,23 +377,94 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		// by admission, replaces what it asked for).
 		ir.Priority = ClampClientPriority(ir.Priority)
 	}
-	// The admission check sets its own headers (Retry-After, the limits').
+	// The admission check sets its own headers (Retry-After, the limits'),
+	// and prices the request by the deployment the route chose.
 	var refused *openai.Error
 	var flow Flow
-	if body, flow, refused = a.admit(rec, req, &ir, body); refused != nil {
+	if body, flow, refused = a.admit(rec, req, &ir, dep, body); refused != nil {
 		writeError(w, refused, 0)
 		return "", nil, nil
 	}
-	if fr, ok := a.opts.Resolver.(FailedResolver); ok {
-		if reason, failed := fr.Failed(ir.Model); failed {
-			writeError(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "revision_failed",
-				Message: "model " + ir.Model + " is unavailable: its revision failed to load: " + reason}, 0)
-			return "", nil, nil
-		}
-	}
 	// The engine schedules by the priority decided here, not the body's.
 	req.Header.Set(engineapi.PriorityHeader, strconv.Itoa(ir.Priority))
-	r := a.routeFor(ir.Model, spec)
+	chain := []string{dep}
+	if via != nil {
+		chain = append(chain, via.fallbacks...)
+	}
+	for i, target := range chain {
+		last := i == len(chain)-1
+		hop := &hop{ir: &ir, flow: flow, body: body, last: last}
+		if via != nil {
+			if hop.body, err = withModel(body, target); err != nil {
+				writeError(w, openai.InvalidRequest("", "request body must be a JSON object"), 0)
+				return "", nil, nil
+			}
+		}
+		var r *route
+		var reason string
+		if p := a.routes.Load().provider(target); p != nil {
+			reason = a.serveProvider(rec, req, hop, p)
+		} else {
+			r, reason, err = a.serveDeployment(rec, req, hop, target, via)
+		}
+		if reason == "" {
+			return target, r, err
+		}
+		if last {
+			return target, r, nil
+		}
+		a.metrics.fallbacks(via.name, target, chain[i+1], reason)
+		a.log.Info("falling back", "route", via.name, "from", target, "to", chain[i+1], "reason", reason)
+	}
+	return "", nil, nil // not reached: the last target answers
+}
+
+// hop is one target's try at a request.
+type hop struct {
+	ir   *inferenceRequest
+	flow Flow
+	body []byte // with the target's model name
+	// last is set on the chain's last target, which answers whatever
+	// happens; the others answer only a request they serve.
+	last bool
+}
+
+// Why a target did not serve a request, for its route's next one
+// (stoke_fallbacks_total's reason).
+const (
+	reasonNoCapacity = "no_capacity"
+	reasonFailed     = "failed"
+	reasonUnknown    = "unknown"
+	reasonBufferFull = "buffer_full"
+	reasonBreaker    = "breaker_open"
+)
+
+// serveDeployment serves a request on one deployment: it waits for a
+// replica with room (until the deployment's buffer timeout, or, when a
+// route has a target after it, the route's fallback_after), proxies, and
+// retries other replicas on a failure before the first byte. It returns
+// reason "" once the request was answered (or the client left), else why
+// the next target should try; the last target answers that reason too.
+func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, name string, via *compiledRoute) (*route, string, error) {
+	w := http.ResponseWriter(rec)
+	ir, flow := h.ir, h.flow
+	_, spec, ok := a.opts.Resolver.Lookup(name)
+	if !ok {
+		if h.last {
+			writeError(w, openai.ModelNotFound(name), 0)
+		}
+		return nil, reasonUnknown, nil
+	}
+	if fr, ok := a.opts.Resolver.(FailedResolver); ok {
+		if reason, failed := fr.Failed(name); failed {
+			if h.last {
+				writeError(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "revision_failed",
+					Message: "model " + name + " is unavailable: its revision failed to load: " + reason}, 0)
+			}
+			return nil, reasonFailed, nil
+		}
+	}
+	r := a.routeFor(name, spec)
 	r.arrivals.Add(1)
 	key := ir.Prompt
 	if len(ir.Messages) > 0 {
@@ -384,7 +478,11 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		defer cancel(nil)
 		batch = &batchRequest{cancel: cancel}
 	}
-	deadline := time.Now().Add(time.Duration(spec.Buffer.Timeout))
+	wait := time.Duration(spec.Buffer.Timeout)
+	if !h.last {
+		wait = min(wait, via.fallbackAfter)
+	}
+	deadline := time.Now().Add(wait)
 	var failed []string // replicas that failed this request before its first byte
 	for {
 		var id string
@@ -403,16 +501,20 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		if err != nil {
 			switch {
 			case errors.Is(err, ErrBufferFull):
-				writeError(w, &openai.Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "buffer_full",
-					Message: "model " + ir.Model + " has too many requests waiting for a replica; retry shortly"}, 1)
-				return ir.Model, r, nil
+				if h.last {
+					writeError(w, &openai.Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "buffer_full",
+						Message: "model " + name + " has too many requests waiting for a replica; retry shortly"}, 1)
+				}
+				return r, reasonBufferFull, nil
 			case errors.Is(err, ErrDeadline):
 				r.queueWait.add(time.Now(), time.Since(asked), time.Duration(spec.Window))
-				writeError(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "no_replica",
-					Message: "no replica of " + ir.Model + " became available in time; retry shortly"}, 5)
-				return ir.Model, r, nil
+				if h.last {
+					writeError(w, &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Code: "no_replica",
+						Message: "no replica of " + name + " became available in time; retry shortly"}, 5)
+				}
+				return r, reasonNoCapacity, nil
 			}
-			return ir.Model, r, nil // the client went away
+			return r, "", nil // the client went away
 		}
 		r.queueWait.add(time.Now(), ticket.Waited, time.Duration(spec.Window))
 		r.mu.RLock()
@@ -420,12 +522,13 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		r.mu.RUnlock()
 		r.inflight.Add(1)
 		w.Header().Set("X-Stoke-Replica", id)
+		w.Header().Set(DeploymentHeader, name)
 		if batch != nil {
 			batch.replica, batch.started = id, time.Now()
 			r.batch.add(batch)
 		}
 		var used *openai.Usage
-		used, err = a.tr.forward(ctx, addr, req, body, w)
+		used, err = a.tr.forward(ctx, addr, req, h.body, w)
 		if used != nil {
 			rec.usage.counted = used
 		}
@@ -440,18 +543,70 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		}
 		if err == nil || !errors.Is(err, errNotStarted) || ctx.Err() != nil {
 			if err != nil && ctx.Err() == nil {
-				a.log.Warn("request failed mid-stream", "model", ir.Model, "replica", id, "err", err)
+				a.log.Warn("request failed mid-stream", "model", name, "replica", id, "err", err)
 			}
-			return ir.Model, r, preempted(ctx)
+			return r, "", preempted(ctx)
 		}
 		failed = append(failed, id)
-		a.log.Warn("replica failed before the first byte; retrying elsewhere", "model", ir.Model, "replica", id, "err", err)
+		a.log.Warn("replica failed before the first byte; retrying elsewhere", "model", name, "replica", id, "err", err)
 		if len(failed) > a.opts.Retries {
-			writeError(w, openai.Unavailable("every replica tried for %s failed: %v", ir.Model, err), 1)
-			return ir.Model, r, nil
+			if h.last {
+				writeError(w, openai.Unavailable("every replica tried for %s failed: %v", name, err), 1)
+			}
+			w.Header().Del("X-Stoke-Replica")
+			w.Header().Del(DeploymentHeader)
+			return r, reasonFailed, nil
 		}
 	}
 }
+
+// serveProvider sends a request to an external provider through its
+// breaker; reason is as serveDeployment's.
+func (a *Activator) serveProvider(rec *recorder, req *http.Request, h *hop, p *provider) string {
+	w := http.ResponseWriter(rec)
+	unavailable := func(format string, args ...any) {
+		if h.last {
+			writeError(w, openai.Unavailable(format, args...), 5)
+		}
+	}
+	if !p.breaker.admits(time.Now().UnixNano()) {
+		unavailable("provider %s is failing; retry shortly", p.name)
+		return reasonBreaker
+	}
+	done, err := p.breaker.allow()
+	if err != nil {
+		unavailable("provider %s is failing; retry shortly", p.name)
+		return reasonBreaker
+	}
+	body, err := withModel(h.body, p.model)
+	if err != nil {
+		done(nil)
+		unavailable("request for provider %s: %v", p.name, err)
+		return reasonFailed
+	}
+	w.Header().Set(DeploymentHeader, p.name)
+	used, err := a.tr.forwardWith(&p.rp, req.Context(), req, body, w)
+	if used != nil {
+		rec.usage.counted = used
+	}
+	switch {
+	case req.Context().Err() != nil || errors.Is(err, errClient):
+		done(nil)
+		return ""
+	case err != nil && errors.Is(err, errNotStarted):
+		done(err)
+		w.Header().Del(DeploymentHeader)
+		a.log.Warn("provider failed before the first byte", "provider", p.name, "err", err)
+		unavailable("provider %s failed: %v", p.name, err)
+		return reasonFailed
+	}
+	done(err)
+	return ""
+}
+
+// DeploymentHeader names, on an answer, the deployment (or provider) that
+// served it.
+const DeploymentHeader = "X-Stoke-Deployment"
 
 // preempted is the cause of ctx's end when it was a preemption, else nil.
 func preempted(ctx context.Context) error {

@@ -63,20 +63,15 @@ type Admitted struct {
 // its answer should carry), or answers why not.
 type Admit func(ctx context.Context, w http.ResponseWriter, r AdmitRequest) (Admitted, *openai.Error)
 
-// admit runs the admission check on a parsed request and returns the body
-// to forward (with max_tokens set when the check asked for it).
-func (a *Activator) admit(rec *recorder, req *http.Request, ir *inferenceRequest, body []byte) ([]byte, Flow, *openai.Error) {
+// admit runs the admission check on a parsed request for deployment
+// model and returns the body to forward (with max_tokens set when the
+// check asked for it).
+func (a *Activator) admit(rec *recorder, req *http.Request, ir *inferenceRequest, model string, body []byte) ([]byte, Flow, *openai.Error) {
 	if a.opts.Admit == nil {
 		return body, Flow{}, nil
 	}
-	asked := 0
-	switch {
-	case ir.MaxTokens != nil:
-		asked = *ir.MaxTokens
-	case ir.MaxCompletionTokens != nil:
-		asked = *ir.MaxCompletionTokens
-	}
-	got, e := a.opts.Admit(req.Context(), rec, AdmitRequest{Model: ir.Model, PromptBytes: len(ir.Prompt) + len(ir.Messages), MaxTokens: asked,
+	asked := ir.maxTokens()
+	got, e := a.opts.Admit(req.Context(), rec, AdmitRequest{Model: model, PromptBytes: len(ir.Prompt) + len(ir.Messages), MaxTokens: asked,
 		RequestID: req.Header.Get("X-Request-Id")})
 	if e != nil {
 		return nil, Flow{}, e

@@ -18,6 +18,7 @@ type Metrics struct {
 	tpot     *prometheus.HistogramVec
 	duration *prometheus.HistogramVec
 	tokens   *prometheus.CounterVec
+	fallback *prometheus.CounterVec
 }
 
 // NewMetrics registers the activator's series on reg (nil: unregistered).
@@ -35,11 +36,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1}}, []string{"model"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_tokens_total",
 			Help: "Tokens processed, by model and kind (prompt or completion), from the answers' usage."}, []string{"model", "kind"}),
+		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_fallbacks_total",
+			Help: "Requests a route passed from one target to the next of its fallback chain, and why (no_capacity, failed, breaker_open, buffer_full, unknown)."},
+			[]string{"route", "from", "to", "reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.tpot, m.tokens)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.tpot, m.tokens, m.fallback)
 	}
 	return m
+}
+
+// fallbacks counts a request route passed from target from to to.
+func (m *Metrics) fallbacks(route, from, to, reason string) {
+	if m != nil {
+		m.fallback.WithLabelValues(route, from, to, reason).Inc()
+	}
 }
 
 // registerGauges exports a's queue and in-flight counts.

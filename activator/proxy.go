@@ -107,12 +107,17 @@ var errClient = errors.New("client failed")
 // and a writer that records a client write error and makes the body end,
 // and forward reports what they recorded.
 func (t *Transports) forward(ctx context.Context, addr string, r *http.Request, body []byte, w http.ResponseWriter) (used *openai.Usage, err error) {
-	p := t.proxy(addr)
+	return t.forwardWith(&t.proxy(addr).rp, ctx, r, body, w)
+}
+
+// forwardWith is forward through rp (an engine's proxy, or a provider's),
+// whose ModifyResponse and ErrorHandler are modifyResponse and proxyError.
+func (t *Transports) forwardWith(rp *httputil.ReverseProxy, ctx context.Context, r *http.Request, body []byte, w http.ResponseWriter) (used *openai.Usage, err error) {
 	a := &attempt{w: w, ctx: ctx, rc: http.NewResponseController(w), writeTimeout: t.WriteTimeout}
 	a.req.Reset(body)
 	in := r.WithContext(context.WithValue(ctx, attemptKey{}, a))
 	in.Body, in.GetBody, in.ContentLength = &a.req, nil, int64(len(body))
-	p.rp.ServeHTTP(a, in)
+	rp.ServeHTTP(a, in)
 	return a.used, a.err
 }
 

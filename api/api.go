@@ -82,6 +82,9 @@ type Options struct {
 	// AdminOpen leaves /admin open without the admin key (a loopback
 	// serve with no admin key); otherwise /admin takes the admin key.
 	AdminOpen bool
+	// Routes serves /admin/routes and adds routes to /v1/models; nil
+	// leaves them out.
+	Routes RouteAdmin
 }
 
 // New returns the API's handler.
@@ -130,6 +133,9 @@ func New(o Options) http.Handler {
 	if o.Runtimes != nil {
 		r.GET("/admin/runtimes", gin.WrapH(o.Runtimes))
 	}
+	if o.Routes != nil {
+		mountRoutes(r, o.Routes, o.MaxBodyBytes)
+	}
 	if o.ColdStarts != nil {
 		r.POST("/admin/deployments/:name/prepare", o.prepare)
 		r.GET("/admin/deployments/:name/acquisition", o.acquisition)
@@ -173,12 +179,19 @@ func (o Options) listModels(c *gin.Context) {
 			list.Data = append(list.Data, modelObject(d))
 		}
 	}
+	if o.Routes != nil {
+		taken := make(map[string]bool, len(ds))
+		for _, d := range ds {
+			taken[d.Name] = true
+		}
+		list.Data = append(list.Data, routeModels(c.Request.Context(), o.Routes, taken)...)
+	}
 	c.JSON(http.StatusOK, list)
 }
 
-// getModel serves GET /v1/models/{id}: the deployment id as an OpenAI
-// Model object, or 404 model_not_found (an empty id lists the models, as
-// /v1/models does).
+// getModel serves GET /v1/models/{id}: the deployment id, else the route
+// id, as an OpenAI Model object, or 404 model_not_found (an empty id lists
+// the models, as /v1/models does).
 func (o Options) getModel(c *gin.Context) {
 	id := strings.TrimPrefix(c.Param("id"), "/")
 	if id == "" {
@@ -190,6 +203,12 @@ func (o Options) getModel(c *gin.Context) {
 		return
 	}
 	d, err := o.Deployments.Deployment(c.Request.Context(), id)
+	if errors.Is(err, store.ErrNotFound) && o.Routes != nil {
+		if _, ok := findRoute(o.Routes.Routes(), id); ok {
+			c.JSON(http.StatusOK, routeModel(id))
+			return
+		}
+	}
 	if err != nil {
 		writeError(c, deploymentError(id, err))
 		return

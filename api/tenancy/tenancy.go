@@ -24,6 +24,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stokehq/stoke/activator"
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/store"
 )
@@ -71,6 +72,7 @@ type Service struct {
 	byHash       map[[sha256.Size]byte]store.APIKey
 	tenantLimits map[string]Limits // by tenant id
 	keyLimits    map[string]Limits // by key id
+	tenantNames  map[string]string // by tenant id
 
 	limits limiter
 	usage  *usageLog // nil: usage records off
@@ -111,7 +113,7 @@ func (s *Service) reload(ctx context.Context) error {
 		return fmt.Errorf("load tenants: %w", err)
 	}
 	m := make(map[[sha256.Size]byte]store.APIKey, len(keys))
-	kl, tl := map[string]Limits{}, map[string]Limits{}
+	kl, tl, names := map[string]Limits{}, map[string]Limits{}, map[string]string{}
 	for _, k := range keys {
 		var h [sha256.Size]byte
 		copy(h[:], k.Hash)
@@ -121,14 +123,29 @@ func (s *Service) reload(ctx context.Context) error {
 		}
 	}
 	for _, t := range tenants {
+		names[t.ID] = t.Name
 		if tl[t.ID], err = parseLimits(t.Limits); err != nil {
 			return fmt.Errorf("load tenant %s: %w", t.ID, err)
 		}
 	}
 	s.mu.Lock()
-	s.byHash, s.keyLimits, s.tenantLimits = m, kl, tl
+	s.byHash, s.keyLimits, s.tenantLimits, s.tenantNames = m, kl, tl, names
 	s.mu.Unlock()
 	return nil
+}
+
+// CallerOf is who sends a request, for the activator's route rules
+// (activator.Options.CallerOf): its key's tenant, by id and name, and the
+// key's priority class.
+func (s *Service) CallerOf(ctx context.Context) activator.Caller {
+	p, ok := FromContext(ctx)
+	if !ok {
+		return activator.Caller{}
+	}
+	s.mu.RLock()
+	name := s.tenantNames[p.TenantID]
+	s.mu.RUnlock()
+	return activator.Caller{TenantID: p.TenantID, TenantName: name, Tier: p.Priority}
 }
 
 // HasAdminKey reports whether an admin key is configured.

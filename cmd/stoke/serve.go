@@ -37,7 +37,7 @@ import (
 
 type serveFlags struct {
 	listen, data, bucketURL, sleepBudget, weightArena, kvMemory string
-	filesURL                                                    string
+	filesURL, routesFile                                        string
 	batchWindows                                                []string
 	batchInFlight                                               int
 	batchTolerance                                              float64
@@ -82,6 +82,7 @@ DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 	fl.StringSliceVar(&f.batchWindows, "batch-completion-windows", []string{batch.DefaultWindow}, "completion windows a batch may ask for (OpenAI offers 24h only; a shorter one is for tests)")
 	fl.IntVar(&f.batchInFlight, "batch-max-in-flight", 64, "batch lines in flight per model at most (the runner adapts below it)")
 	fl.Float64Var(&f.batchTolerance, "batch-latency-tolerance", batch.DefaultLatencyTolerance, "how much batch lines may slow a model's time per output token (1.1: by 10%) before their concurrency shrinks")
+	fl.StringVar(&f.routesFile, "routes", "", "routes file (YAML): routes that resolve model names to deployments by rules and weights, fallback chains, external providers")
 	fl.BoolVar(&f.noUsage, "no-usage-records", false, "keep no usage record of requests (each costs a journal write before its answer's last byte)")
 	fl.IntVar(&f.slots, "slots", 4, "runtimes this node runs at most")
 	fl.IntVar(&f.warm, "warm", 1, "blank runtimes kept started (the warm pool)")
@@ -227,7 +228,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 		return fmt.Errorf("--routing: %q is not prefix or least-inflight", f.routing)
 	}
 	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg,
-		StreamWriteTimeout: f.limits.streamWrite, Authorize: tenancy.AuthorizeModel, Admit: tenants.Admit})
+		StreamWriteTimeout: f.limits.streamWrite, Authorize: tenancy.AuthorizeModel, Admit: tenants.Admit, CallerOf: tenants.CallerOf})
 	var loadCache nodecache.Cache = node.cache
 	if f.simProfile != "" { // sim engines read no weights: nothing to cache
 		loadCache = nil
@@ -253,6 +254,10 @@ func runServe(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	late.set(ctrl)
+	routes, err := newRouteBook(ctx, f.routesFile, act, st)
+	if err != nil {
+		return err
+	}
 	batches, err := batch.New(batch.Options{Store: st, Files: fs, Dispatcher: act, Models: late, Windows: f.batchWindows,
 		MaxInFlight: f.batchInFlight, LatencyTolerance: f.batchTolerance, Priority: activator.PriorityBatch, Registerer: reg,
 		AsOwner: func(ctx context.Context, owner string) context.Context {
@@ -267,7 +272,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 	w := watch.New(b, st, watch.Options{Interval: f.interval, Quiet: f.quiet, OnRevision: ctrl.OnRevision})
 
 	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg, ColdStarts: ctrl, Files: fs, Batches: batches,
-		Tenancy: tenants, Auth: authMode, AdminOpen: adminOpen}),
+		Tenancy: tenants, Auth: authMode, AdminOpen: adminOpen, Routes: routes}),
 		ReadHeaderTimeout: f.limits.headerTimeout(), ReadTimeout: f.limits.read, IdleTimeout: f.limits.idle}
 	ln = limitListener(ln, f.limits.maxConns, f.limits.maxConnsPerClient, int(sendBuffer))
 	runCtx, stop := context.WithCancel(ctx)

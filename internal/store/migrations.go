@@ -139,6 +139,9 @@ var migrations = [...]string{
 	// directly), unique so a journal drained twice records it once.
 	`ALTER TABLE usage ADD COLUMN entry TEXT;
 	CREATE UNIQUE INDEX usage_by_entry ON usage (entry);`,
+	// 13: routes made through the admin API: a client-visible model name
+	// and its route (config.Route as JSON).
+	`CREATE TABLE routes (name TEXT PRIMARY KEY, spec TEXT NOT NULL, updated_at INTEGER NOT NULL);`,
 }
 
 // SchemaVersion is the user_version of a database this package has brought
