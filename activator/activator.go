@@ -437,6 +437,8 @@ const (
 	reasonUnknown    = "unknown"
 	reasonBufferFull = "buffer_full"
 	reasonBreaker    = "breaker_open"
+	reasonTooLong    = "context_length"
+	reasonShed       = "shed"
 )
 
 // serveDeployment serves a request on one deployment: it waits for a
@@ -506,6 +508,12 @@ func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, na
 						Message: "model " + name + " has too many requests waiting for a replica; retry shortly"}, 1)
 				}
 				return r, reasonBufferFull, nil
+			case errors.Is(err, ErrShed):
+				if h.last {
+					writeError(w, &openai.Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "shed",
+						Message: "model " + name + " is overloaded: this request gave its place to one of a higher priority; retry shortly"}, 1)
+				}
+				return r, reasonShed, nil
 			case errors.Is(err, ErrDeadline):
 				r.queueWait.add(time.Now(), time.Since(asked), time.Duration(spec.Window))
 				if h.last {
@@ -528,7 +536,7 @@ func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, na
 			r.batch.add(batch)
 		}
 		var used *openai.Usage
-		used, err = a.tr.forward(ctx, addr, req, h.body, w)
+		used, err = a.tr.forwardWith(&a.tr.proxy(addr).rp, ctx, req, h.body, w, !h.last)
 		if used != nil {
 			rec.usage.counted = used
 		}
@@ -536,10 +544,15 @@ func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, na
 			r.batch.remove(batch)
 		}
 		r.inflight.Add(-1)
-		if ctx.Err() != nil || errors.Is(err, errClient) {
+		if ctx.Err() != nil || errors.Is(err, errClient) || errors.Is(err, errTooLong) {
 			release(nil) // the client's doing, not the replica's
 		} else {
 			release(err)
+		}
+		if errors.Is(err, errTooLong) && ctx.Err() == nil {
+			w.Header().Del("X-Stoke-Replica")
+			w.Header().Del(DeploymentHeader)
+			return r, reasonTooLong, nil
 		}
 		if err == nil || !errors.Is(err, errNotStarted) || ctx.Err() != nil {
 			if err != nil && ctx.Err() == nil {
@@ -585,7 +598,7 @@ func (a *Activator) serveProvider(rec *recorder, req *http.Request, h *hop, p *p
 		return reasonFailed
 	}
 	w.Header().Set(DeploymentHeader, p.name)
-	used, err := a.tr.forwardWith(&p.rp, req.Context(), req, body, w)
+	used, err := a.tr.forwardWith(&p.rp, req.Context(), req, body, w, false)
 	if used != nil {
 		rec.usage.counted = used
 	}

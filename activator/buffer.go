@@ -15,6 +15,12 @@ import (
 // answers 429 with a Retry-After.
 var ErrBufferFull = errors.New("activator buffer is full")
 
+// ErrShed is returned by Buffer.Wait and Buffer.Acquire to a waiting
+// request that lost its place to one of a higher priority arriving at a
+// full buffer (the lowest priority is shed first, its newest request
+// first); the caller answers 429, or falls back.
+var ErrShed = errors.New("shed from the activator buffer for a request of a higher priority")
+
 // ErrDeadline is returned by Buffer.Wait and Buffer.Acquire when the
 // request's deadline passed before capacity came; the caller answers 503.
 var ErrDeadline = errors.New("deadline passed while waiting for a replica")
@@ -175,6 +181,9 @@ type bufferWaiter struct {
 	// on the way (see handOverLocked).
 	flow string
 	skip []string
+	// shed is set, before its wake-up, on a request shed for a higher
+	// priority.
+	shed bool
 }
 
 // waiterHeap orders waiters by priority (higher first), then by virtual
@@ -504,10 +513,23 @@ func newAcquireWaiter(priority int) *bufferWaiter {
 	return &bufferWaiter{priority: priority, index: -1, acquire: true, ready: make(chan struct{}, 1)}
 }
 
-// enqueueLocked queues a new waiter unless the buffer is full.
+// enqueueLocked queues a new waiter unless the buffer is full; a full
+// buffer sheds its lowest-priority waiter (the newest of them) for a
+// waiter of a higher priority.
 func (b *Buffer) enqueueLocked(w *bufferWaiter) error {
 	if int64(b.queue.Len()) >= b.capacity.Load() {
-		return ErrBufferFull
+		low := -1
+		for i, q := range b.queue {
+			if low < 0 || q.priority < b.queue[low].priority || q.priority == b.queue[low].priority && q.seq > b.queue[low].seq {
+				low = i
+			}
+		}
+		if low < 0 || b.queue[low].priority >= w.priority {
+			return ErrBufferFull
+		}
+		shed := heap.Remove(&b.queue, low).(*bufferWaiter)
+		shed.shed = true
+		shed.ready <- struct{}{}
 	}
 	w.seq = b.seq
 	b.seq++
@@ -522,6 +544,9 @@ func (b *Buffer) block(ctx context.Context, w *bufferWaiter, t *waitTimers) erro
 	for {
 		select {
 		case <-w.ready:
+			if w.shed {
+				return ErrShed
+			}
 			if err := ctx.Err(); err != nil {
 				return b.abandon(w, err)
 			}

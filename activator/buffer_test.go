@@ -100,10 +100,10 @@ func TestBufferFull(t *testing.T) {
 				wg.Go(func() { b.Wait(ctx, 0, time.Time{}) })
 				awaitRouting(t, "waiter queued", func() bool { return b.Len() == i+1 })
 			}
-			if err := b.Wait(ctx, 100, time.Time{}); !errors.Is(err, ErrBufferFull) {
+			if err := b.Wait(ctx, 0, time.Time{}); !errors.Is(err, ErrBufferFull) {
 				t.Errorf("Wait on a full buffer = %v, want ErrBufferFull", err)
 			}
-			if _, err := b.Acquire(ctx, 100, time.Time{}, func() bool { return false }); !errors.Is(err, ErrBufferFull) {
+			if _, err := b.Acquire(ctx, 0, time.Time{}, func() bool { return false }); !errors.Is(err, ErrBufferFull) {
 				t.Errorf("Acquire on a full buffer = %v, want ErrBufferFull", err)
 			}
 			if n := b.Len(); n != tc.queued {
@@ -112,7 +112,7 @@ func TestBufferFull(t *testing.T) {
 			b.SetCap(tc.queued + 1) // a raised capacity takes one more
 			wg.Go(func() { b.Wait(ctx, 0, time.Time{}) })
 			awaitRouting(t, "a waiter queued under the raised capacity", func() bool { return b.Len() == tc.queued+1 })
-			if err := b.Wait(ctx, 100, time.Time{}); !errors.Is(err, ErrBufferFull) {
+			if err := b.Wait(ctx, 0, time.Time{}); !errors.Is(err, ErrBufferFull) {
 				t.Errorf("Wait beyond the raised capacity = %v, want ErrBufferFull", err)
 			}
 			cancel()

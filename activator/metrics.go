@@ -37,7 +37,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_tokens_total",
 			Help: "Tokens processed, by model and kind (prompt or completion), from the answers' usage."}, []string{"model", "kind"}),
 		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_fallbacks_total",
-			Help: "Requests a route passed from one target to the next of its fallback chain, and why (no_capacity, failed, breaker_open, buffer_full, unknown)."},
+			Help: "Requests a route passed from one target to the next of its fallback chain, and why (no_capacity, failed, breaker_open, buffer_full, shed, context_length, unknown)."},
 			[]string{"route", "from", "to", "reason"}),
 	}
 	if reg != nil {

@@ -84,6 +84,11 @@ func (t *Transports) Forget(addr string) {
 // the request may go to another replica.
 var errNotStarted = errors.New("replica failed before the first byte")
 
+// errTooLong marks a forward the engine refused before the first byte as
+// longer than its model's context (asked for only when a route has a
+// next target, which may have a longer one).
+var errTooLong = errors.New("request longer than the model's context")
+
 // errClient marks a forward that failed on the client's side (it went
 // away, or sent what cannot be proxied): not the replica's fault.
 var errClient = errors.New("client failed")
@@ -107,13 +112,16 @@ var errClient = errors.New("client failed")
 // and a writer that records a client write error and makes the body end,
 // and forward reports what they recorded.
 func (t *Transports) forward(ctx context.Context, addr string, r *http.Request, body []byte, w http.ResponseWriter) (used *openai.Usage, err error) {
-	return t.forwardWith(&t.proxy(addr).rp, ctx, r, body, w)
+	return t.forwardWith(&t.proxy(addr).rp, ctx, r, body, w, false)
 }
 
 // forwardWith is forward through rp (an engine's proxy, or a provider's),
-// whose ModifyResponse and ErrorHandler are modifyResponse and proxyError.
-func (t *Transports) forwardWith(rp *httputil.ReverseProxy, ctx context.Context, r *http.Request, body []byte, w http.ResponseWriter) (used *openai.Usage, err error) {
-	a := &attempt{w: w, ctx: ctx, rc: http.NewResponseController(w), writeTimeout: t.WriteTimeout}
+// whose ModifyResponse and ErrorHandler are modifyResponse and proxyError;
+// with tooLongFallsBack, an answer that the request is longer than the
+// model's context is not passed on but returned as an error wrapping
+// errTooLong.
+func (t *Transports) forwardWith(rp *httputil.ReverseProxy, ctx context.Context, r *http.Request, body []byte, w http.ResponseWriter, tooLongFallsBack bool) (used *openai.Usage, err error) {
+	a := &attempt{w: w, ctx: ctx, rc: http.NewResponseController(w), writeTimeout: t.WriteTimeout, tooLongFallsBack: tooLongFallsBack}
 	a.req.Reset(body)
 	in := r.WithContext(context.WithValue(ctx, attemptKey{}, a))
 	in.Body, in.GetBody, in.ContentLength = &a.req, nil, int64(len(body))
@@ -134,7 +142,10 @@ type attempt struct {
 	// writeTimeout bounds each write and flush to the client (0: none).
 	writeTimeout time.Duration
 	ctx          context.Context
-	req          requestBody
+	// tooLongFallsBack turns the engine's context_length_exceeded into
+	// errTooLong instead of the answer.
+	tooLongFallsBack bool
+	req              requestBody
 	resp         io.ReadCloser // the engine's answer
 	trailer      http.Header   // its trailers, filled at the body's end
 	used         *openai.Usage // from its UsageTrailer
@@ -286,6 +297,19 @@ func modifyResponse(res *http.Response) error {
 		data, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
 		return fmt.Errorf("%w: status %d: %s", errNotStarted, res.StatusCode, bytes.TrimSpace(data))
 	}
+	if a.tooLongFallsBack && res.StatusCode == http.StatusBadRequest {
+		data, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
+		var e struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		if json.Unmarshal(data, &e) == nil && e.Error.Code == openai.CodeContextLength {
+			return fmt.Errorf("%w: %s", errTooLong, bytes.TrimSpace(data))
+		}
+		res.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(data), res.Body), res.Body}
+	}
 	a.sse = isEventStream(res.Header.Get("Content-Type"))
 	a.resp, res.Body = res.Body, a
 	// The usage trailer is the activator's, not the client's: unannounced,
@@ -305,7 +329,7 @@ func modifyResponse(res *http.Response) error {
 func proxyError(w http.ResponseWriter, _ *http.Request, err error) {
 	a := w.(*attempt)
 	switch {
-	case errors.Is(err, errNotStarted):
+	case errors.Is(err, errNotStarted), errors.Is(err, errTooLong):
 		a.fail(err)
 	case !a.rewritten:
 		a.fail(fmt.Errorf("%w: %v", errClient, err))

@@ -231,3 +231,45 @@ func BenchmarkRouteHealthyPath(b *testing.B) {
 		}
 	}
 }
+
+// TestServeRouteContextFallback: a prompt the chosen deployment's context
+// cannot hold goes to the next target; with no next target, the client
+// gets the engine's 400 context_length_exceeded as it was.
+func TestServeRouteContextFallback(t *testing.T) {
+	const tooLong = `{"error":{"message":"prompt is too long","type":"invalid_request_error","param":"prompt","code":"context_length_exceeded"}}`
+	short := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, tooLong)
+	}))
+	defer short.Close()
+	var seen sync.Map
+	long := modelEngine(t, &seen, "long")
+	a := New(Options{Resolver: multiResolver{names: []string{"short", "long"}}})
+	ts := httptest.NewServer(a)
+	defer ts.Close()
+	a.AddReplica("short", "s1", engineAddr(short), 0)
+	a.AddReplica("long", "l1", engineAddr(long), 0)
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := NewRouteBook(context.Background(), a, st, config.Routes{Routes: []config.Route{
+		{Name: "chat", Split: []config.Weighted{{To: "short", Weight: 1}}, Fallbacks: []string{"long"}},
+		{Name: "only-short", Split: []config.Weighted{{To: "short", Weight: 1}}},
+	}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := post(t, ts.URL, `{"model":"chat","prompt":"a long one"}`)
+	if resp.StatusCode != 200 || resp.Header.Get(DeploymentHeader) != "long" {
+		t.Fatalf("%d %s from %q, want 200 from long", resp.StatusCode, body, resp.Header.Get(DeploymentHeader))
+	}
+	resp, body = post(t, ts.URL, `{"model":"only-short","prompt":"a long one"}`)
+	if resp.StatusCode != http.StatusBadRequest || body != tooLong {
+		t.Fatalf("%d %s, want the engine's 400 as it was", resp.StatusCode, body)
+	}
+	if n := counterValue(t, a.metrics.fallback.WithLabelValues("chat", "short", "long", reasonTooLong)); n != 1 {
+		t.Fatalf("%v context_length fallbacks counted, want 1", n)
+	}
+}

@@ -2,6 +2,7 @@ package activator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -241,5 +242,49 @@ func TestBufferHandsHeldRoom(t *testing.T) {
 	}
 	if n := b.Len(); n != 3 {
 		t.Fatalf("%d waiting, want the 3 heavy requests", n)
+	}
+}
+
+// TestBufferShedsLowestPriority: a full buffer makes room for a request of
+// a higher priority by shedding the newest of its lowest-priority waiters,
+// and refuses one of the same priority or lower.
+func TestBufferShedsLowestPriority(t *testing.T) {
+	b := NewBufferWithOptions(BufferOptions{Capacity: 3, RetryInterval: -1})
+	never := func() Room { return RoomNone }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	results := map[string]chan error{}
+	queue := func(name string, priority int) {
+		done := make(chan error, 1)
+		results[name] = done
+		want := b.Len() + 1
+		go func() {
+			_, err := b.AcquireFlow(ctx, priority, Flow{}, time.Time{}, never)
+			done <- err
+		}()
+		for b.Len() < want {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	queue("batch-old", PriorityBatch)
+	queue("batch-new", PriorityBatch)
+	queue("standard", PriorityInteractive)
+	if _, err := b.AcquireFlow(ctx, PriorityBatch, Flow{}, time.Time{}, never); !errors.Is(err, ErrBufferFull) {
+		t.Fatalf("a batch request at a full buffer: %v, want ErrBufferFull", err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := b.AcquireFlow(ctx, PriorityInteractiveMax, Flow{}, time.Time{}, never); done <- err }()
+	if err := <-results["batch-new"]; !errors.Is(err, ErrShed) {
+		t.Fatalf("the newest batch request: %v, want ErrShed", err)
+	}
+	for b.Len() < 3 {
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-results["batch-old"]:
+		t.Fatalf("the older batch request left too: %v", err)
+	case err := <-done:
+		t.Fatalf("the interactive request left: %v", err)
+	default:
 	}
 }

@@ -44,7 +44,7 @@ const maxPromptBytesPerToken = 32
 // would otherwise take seconds to encode only to be refused).
 func checkPromptBytes(l *Loaded, n int, param string) *openai.Error {
 	if limit := l.MaxModelLen * maxPromptBytesPerToken; n > limit {
-		return openai.InvalidRequest(param, "%s is too long: %d bytes, past the %d bytes a context of %d tokens can hold",
+		return openai.ContextTooLong(param, "%s is too long: %d bytes, past the %d bytes a context of %d tokens can hold",
 			param, n, limit, l.MaxModelLen)
 	}
 	return nil
@@ -104,7 +104,7 @@ func buildParams(l *Loaded, g *openai.GenerationParams, prompt []int32, spec gen
 	}
 	room := l.MaxModelLen - len(prompt)
 	if room < 1 {
-		return core.Params{}, openai.InvalidRequest(spec.promptParam,
+		return core.Params{}, openai.ContextTooLong(spec.promptParam,
 			"%s is too long: %d tokens, the model's context is %d tokens and must leave room for at least one generated token",
 			spec.promptParam, len(prompt), l.MaxModelLen)
 	}
@@ -116,7 +116,7 @@ func buildParams(l *Loaded, g *openai.GenerationParams, prompt []int32, spec gen
 	// (openai.CheckRanges); what is left depends on the model.
 	switch {
 	case spec.maxTokens != nil && *spec.maxTokens > room:
-		return core.Params{}, openai.InvalidRequest(spec.maxParam,
+		return core.Params{}, openai.ContextTooLong(spec.maxParam,
 			"%s is too large: %d prompt tokens plus %s %d exceed the model's context of %d tokens (at most %d left)",
 			spec.maxParam, len(prompt), spec.maxParam, *spec.maxTokens, l.MaxModelLen, room)
 	case spec.maxTokens != nil:

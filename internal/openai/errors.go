@@ -69,6 +69,18 @@ func InvalidRequest(param, format string, args ...any) *Error {
 	return &Error{Status: http.StatusBadRequest, Message: fmt.Sprintf(format, args...), Type: TypeInvalidRequest, Param: param}
 }
 
+// CodeContextLength is the code of a request too long for the model's
+// context, as OpenAI answers it.
+const CodeContextLength = "context_length_exceeded"
+
+// ContextTooLong is a 400 for a prompt (with its max_tokens) longer than
+// the model's context.
+func ContextTooLong(param, format string, args ...any) *Error {
+	e := InvalidRequest(param, format, args...)
+	e.Code = CodeContextLength
+	return e
+}
+
 // Unsupported is a 400 for a parameter the server does not implement.
 func Unsupported(param, format string, args ...any) *Error {
 	e := InvalidRequest(param, format, args...)
