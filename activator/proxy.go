@@ -146,15 +146,15 @@ type attempt struct {
 	// errTooLong instead of the answer.
 	tooLongFallsBack bool
 	req              requestBody
-	resp         io.ReadCloser // the engine's answer
-	trailer      http.Header   // its trailers, filled at the body's end
-	used         *openai.Usage // from its UsageTrailer
-	sse          bool
-	rewritten    bool   // ReverseProxy got as far as Rewrite
-	ended        bool   // the body reads EOF from now on
-	gone         bool   // writing to the client failed
-	pending      []byte // the error event still to read
-	err          error  // the first failure
+	resp             io.ReadCloser // the engine's answer
+	trailer          http.Header   // its trailers, filled at the body's end
+	used             *openai.Usage // from its UsageTrailer
+	sse              bool
+	rewritten        bool   // ReverseProxy got as far as Rewrite
+	ended            bool   // the body reads EOF from now on
+	gone             bool   // writing to the client failed
+	pending          []byte // the error event still to read
+	err              error  // the first failure
 }
 
 // requestBody is the request's body, read again for each attempt.
