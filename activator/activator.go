@@ -309,7 +309,8 @@ func (a *Activator) handle(w http.ResponseWriter, req *http.Request, priority *i
 	model, r, err := a.serve(rec, req, priority)
 	if rec.done != nil {
 		u, known := rec.usage.result()
-		o := Outcome{Status: rec.status, Usage: u, Known: known && rec.status == http.StatusOK, Duration: time.Since(start)}
+		o := Outcome{Status: rec.status, Usage: u, Known: known && rec.status == http.StatusOK, Duration: time.Since(start),
+			Route: rec.route, Served: rec.served, Fallbacks: rec.fallbacks}
 		if !rec.first.IsZero() {
 			o.TTFT = rec.first.Sub(start)
 		}
@@ -390,6 +391,7 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 	chain := []string{dep}
 	if via != nil {
 		chain = append(chain, via.fallbacks...)
+		rec.route = via.name
 	}
 	for i, target := range chain {
 		last := i == len(chain)-1
@@ -408,6 +410,7 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 			r, reason, err = a.serveDeployment(rec, req, hop, target, via)
 		}
 		if reason == "" {
+			rec.served, rec.fallbacks = target, i
 			return target, r, err
 		}
 		if last {

@@ -35,6 +35,11 @@ type Outcome struct {
 	// TTFT is the time to the answer's first byte, Duration to its end
 	// (its last byte held back, see Admitted.Hold).
 	TTFT, Duration time.Duration
+	// Route is the route the client named ("" for a deployment), Served
+	// the deployment or provider that answered ("" when none did), and
+	// Fallbacks how many targets of the route's chain passed it on first.
+	Route, Served string
+	Fallbacks     int
 }
 
 // Admitted is a request an admission check let in.

@@ -92,6 +92,9 @@ type recorder struct {
 	started bool // the answer's kind (stream or not) is known
 	usage   answerUsage
 	queued  bool // waited in the buffer for a replica
+	// route, served and fallbacks are Outcome's.
+	route, served string
+	fallbacks     int
 	// done, when set, hears how an admitted request ended; with hold, the
 	// end of a successful answer waits in held until it has.
 	done func(Outcome)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stokehq/stoke/internal/config"
+	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
 )
 
@@ -245,7 +246,11 @@ func TestServeRouteContextFallback(t *testing.T) {
 	defer short.Close()
 	var seen sync.Map
 	long := modelEngine(t, &seen, "long")
-	a := New(Options{Resolver: multiResolver{names: []string{"short", "long"}}})
+	var mu sync.Mutex
+	var outcomes []Outcome
+	a := New(Options{Resolver: multiResolver{names: []string{"short", "long"}}, Admit: func(context.Context, http.ResponseWriter, AdmitRequest) (Admitted, *openai.Error) {
+		return Admitted{Hold: true, Done: func(o Outcome) { mu.Lock(); outcomes = append(outcomes, o); mu.Unlock() }}, nil
+	}})
 	ts := httptest.NewServer(a)
 	defer ts.Close()
 	a.AddReplica("short", "s1", engineAddr(short), 0)
@@ -271,5 +276,11 @@ func TestServeRouteContextFallback(t *testing.T) {
 	}
 	if n := counterValue(t, a.metrics.fallback.WithLabelValues("chat", "short", "long", reasonTooLong)); n != 1 {
 		t.Fatalf("%v context_length fallbacks counted, want 1", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(outcomes) != 2 || outcomes[0].Route != "chat" || outcomes[0].Served != "long" || outcomes[0].Fallbacks != 1 ||
+		outcomes[1].Route != "only-short" || outcomes[1].Served != "short" || outcomes[1].Fallbacks != 0 {
+		t.Fatalf("outcomes %+v: want chat served by long after one fallback, then only-short by short", outcomes)
 	}
 }

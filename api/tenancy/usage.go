@@ -75,7 +75,7 @@ func (s *Service) Admit(ctx context.Context, w http.ResponseWriter, r activator.
 			limitsDone(o)
 		}
 		rec := store.UsageRecord{RequestID: r.RequestID, TenantID: p.TenantID, KeyID: p.KeyID, Model: r.Model, Status: o.Status,
-			TTFT: o.TTFT, Duration: o.Duration, CreatedAt: s.o.Now()}
+			TTFT: o.TTFT, Duration: o.Duration, CreatedAt: s.o.Now(), Route: o.Route, Served: o.Served, Fallbacks: o.Fallbacks}
 		if o.Known {
 			rec.PromptTokens, rec.CompletionTokens = o.Usage.PromptTokens, o.Usage.CompletionTokens
 			if d := o.Usage.PromptTokensDetails; d != nil {

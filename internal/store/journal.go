@@ -75,6 +75,9 @@ type journalLine struct {
 	DurationUs int64  `json:"d"`
 	CostMicro  int64  `json:"u"`
 	CreatedNs  int64  `json:"at"`
+	Route      string `json:"rt,omitempty"`
+	Served     string `json:"sv,omitempty"`
+	Fallbacks  int    `json:"fb,omitempty"`
 }
 
 // openUsageJournal takes the journal at path, replays into insert what an
@@ -121,7 +124,7 @@ func (j *usageJournal) append(rs []UsageRecord) error {
 		line, err := json.Marshal(journalLine{Entry: j.nonce + "-" + strconv.FormatUint(j.seq.Add(1), 36), RequestID: r.RequestID,
 			TenantID: r.TenantID, KeyID: r.KeyID, Model: r.Model, Status: r.Status, Prompt: r.PromptTokens, Completion: r.CompletionTokens,
 			Cached: r.CachedTokens, TTFTus: r.TTFT.Microseconds(), DurationUs: r.Duration.Microseconds(), CostMicro: r.CostMicroUSD,
-			CreatedNs: stamp(r.CreatedAt)})
+			CreatedNs: stamp(r.CreatedAt), Route: r.Route, Served: r.Served, Fallbacks: r.Fallbacks})
 		if err != nil {
 			return fmt.Errorf("record usage of %s: %w", r.RequestID, err)
 		}
@@ -253,7 +256,7 @@ func (j *usageJournal) drainFile(ctx context.Context, path string) error {
 		rs = append(rs, UsageRecord{entry: l.Entry, RequestID: l.RequestID, TenantID: l.TenantID, KeyID: l.KeyID, Model: l.Model,
 			Status: l.Status, PromptTokens: l.Prompt, CompletionTokens: l.Completion, CachedTokens: l.Cached,
 			TTFT: time.Duration(l.TTFTus) * time.Microsecond, Duration: time.Duration(l.DurationUs) * time.Microsecond,
-			CostMicroUSD: l.CostMicro, CreatedAt: unstamp(l.CreatedNs)})
+			CostMicroUSD: l.CostMicro, CreatedAt: unstamp(l.CreatedNs), Route: l.Route, Served: l.Served, Fallbacks: l.Fallbacks})
 	}
 	if err := j.insert(ctx, rs); err != nil {
 		return fmt.Errorf("drain the usage journal: %w", err)

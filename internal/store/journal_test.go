@@ -102,6 +102,29 @@ func TestUsageJournalReplay(t *testing.T) {
 	}
 }
 
+// TestUsageJournalKeepsRouting: a routed record's route, what served it
+// and its fallbacks survive the journal and its drain.
+func TestUsageJournalKeepsRouting(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t)
+	r := journalRecord("routed")
+	r.Route, r.Served, r.Fallbacks = "chat", "small", 2
+	if err := s.AppendUsage([]UsageRecord{r}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FlushUsage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var route, served string
+	var fallbacks int
+	if err := s.db.QueryRowContext(ctx, `SELECT route, served, fallbacks FROM usage WHERE request_id = 'routed'`).Scan(&route, &served, &fallbacks); err != nil {
+		t.Fatal(err)
+	}
+	if route != "chat" || served != "small" || fallbacks != 2 {
+		t.Fatalf("recorded route %q served %q fallbacks %d; want chat, small, 2", route, served, fallbacks)
+	}
+}
+
 // TestUsageJournalConcurrent: records appended from many goroutines while
 // drains run are all read back, once each.
 func TestUsageJournalConcurrent(t *testing.T) {

@@ -142,6 +142,11 @@ var migrations = [...]string{
 	// 13: routes made through the admin API: a client-visible model name
 	// and its route (config.Route as JSON).
 	`CREATE TABLE routes (name TEXT PRIMARY KEY, spec TEXT NOT NULL, updated_at INTEGER NOT NULL);`,
+	// 14: a routed request's route, what served it, and how many targets
+	// of the route's fallback chain passed it on first.
+	`ALTER TABLE usage ADD COLUMN route TEXT NOT NULL DEFAULT '';
+	ALTER TABLE usage ADD COLUMN served TEXT NOT NULL DEFAULT '';
+	ALTER TABLE usage ADD COLUMN fallbacks INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // SchemaVersion is the user_version of a database this package has brought

@@ -18,6 +18,12 @@ type UsageRecord struct {
 	// CostMicroUSD is what it cost, in millionths of a US dollar.
 	CostMicroUSD int64
 	CreatedAt    time.Time
+	// Route is the route the client named ("" for none), Served the
+	// deployment or provider that answered (Model is the one the route
+	// chose first, whose price it is charged), Fallbacks how many targets
+	// passed it on before.
+	Route, Served string
+	Fallbacks     int
 	// entry is the record's id in the usage journal ("" for none).
 	entry string
 }
@@ -50,7 +56,8 @@ func (s *Store) InsertUsage(ctx context.Context, rs []UsageRecord) error {
 	}
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		stmt, err := tx.PrepareContext(ctx, `INSERT OR IGNORE INTO usage (request_id, tenant_id, key_id, model, status, prompt_tokens,
-			completion_tokens, cached_tokens, ttft_us, duration_us, cost_micro_usd, created_at, entry) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+			completion_tokens, cached_tokens, ttft_us, duration_us, cost_micro_usd, created_at, entry, route, served, fallbacks)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 		if err != nil {
 			return fmt.Errorf("record usage: %w", err)
 		}
@@ -60,7 +67,8 @@ func (s *Store) InsertUsage(ctx context.Context, rs []UsageRecord) error {
 				r.CreatedAt = s.now()
 			}
 			if _, err := stmt.ExecContext(ctx, r.RequestID, r.TenantID, r.KeyID, r.Model, r.Status, r.PromptTokens, r.CompletionTokens,
-				r.CachedTokens, r.TTFT.Microseconds(), r.Duration.Microseconds(), r.CostMicroUSD, stamp(r.CreatedAt), sql.NullString{String: r.entry, Valid: r.entry != ""}); err != nil {
+				r.CachedTokens, r.TTFT.Microseconds(), r.Duration.Microseconds(), r.CostMicroUSD, stamp(r.CreatedAt), sql.NullString{String: r.entry, Valid: r.entry != ""},
+				r.Route, r.Served, r.Fallbacks); err != nil {
 				return fmt.Errorf("record usage of %s: %w", r.RequestID, err)
 			}
 		}
