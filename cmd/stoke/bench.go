@@ -57,6 +57,6 @@ with where it went. The deployment must allow zero replicas.`,
 	f.IntVar(&runs, "runs", 1, "requests per tier")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	cold.MarkFlagRequired("model")
-	cmd.AddCommand(cold)
+	cmd.AddCommand(cold, newBenchLoadCmd())
 	return cmd
 }
