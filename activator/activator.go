@@ -539,7 +539,7 @@ func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, na
 			r.batch.add(batch)
 		}
 		var used *openai.Usage
-		used, err = a.tr.forwardWith(&a.tr.proxy(addr).rp, ctx, req, h.body, w, !h.last)
+		used, err = a.tr.forward(ctx, &a.tr.proxy(addr).rp, req, h.body, w, !h.last)
 		if used != nil {
 			rec.usage.counted = used
 		}
@@ -601,7 +601,7 @@ func (a *Activator) serveProvider(rec *recorder, req *http.Request, h *hop, p *p
 		return reasonFailed
 	}
 	w.Header().Set(DeploymentHeader, p.name)
-	used, err := a.tr.forwardWith(&p.rp, req.Context(), req, body, w, false)
+	used, err := a.tr.forward(req.Context(), &p.rp, req, body, w, false)
 	if used != nil {
 		rec.usage.counted = used
 	}

@@ -93,8 +93,10 @@ var errTooLong = errors.New("request longer than the model's context")
 // away, or sent what cannot be proxied): not the replica's fault.
 var errClient = errors.New("client failed")
 
-// forward sends a request (its body already read) to the engine at addr
-// through httputil.ReverseProxy and streams the answer back; SSE events
+// forward sends a request (its body already read) through rp, an
+// engine's proxy (Transports.proxy) or a provider's, whose ModifyResponse
+// and ErrorHandler are modifyResponse and proxyError, and streams the
+// answer back; SSE events
 // pass through as they arrive. It returns nil once the whole answer went
 // out; an error wrapping errNotStarted when the engine could not be
 // reached or answered 5xx, with nothing written to w (the caller may try
@@ -111,16 +113,11 @@ var errClient = errors.New("client failed")
 // read error into the end of the answer (after the stream's error event)
 // and a writer that records a client write error and makes the body end,
 // and forward reports what they recorded.
-func (t *Transports) forward(ctx context.Context, addr string, r *http.Request, body []byte, w http.ResponseWriter) (used *openai.Usage, err error) {
-	return t.forwardWith(&t.proxy(addr).rp, ctx, r, body, w, false)
-}
-
-// forwardWith is forward through rp (an engine's proxy, or a provider's),
-// whose ModifyResponse and ErrorHandler are modifyResponse and proxyError;
-// with tooLongFallsBack, an answer that the request is longer than the
+//
+// With tooLongFallsBack, an answer that the request is longer than the
 // model's context is not passed on but returned as an error wrapping
 // errTooLong.
-func (t *Transports) forwardWith(rp *httputil.ReverseProxy, ctx context.Context, r *http.Request, body []byte, w http.ResponseWriter, tooLongFallsBack bool) (used *openai.Usage, err error) {
+func (t *Transports) forward(ctx context.Context, rp *httputil.ReverseProxy, r *http.Request, body []byte, w http.ResponseWriter, tooLongFallsBack bool) (used *openai.Usage, err error) {
 	a := &attempt{w: w, ctx: ctx, rc: http.NewResponseController(w), writeTimeout: t.WriteTimeout, tooLongFallsBack: tooLongFallsBack}
 	a.req.Reset(body)
 	in := r.WithContext(context.WithValue(ctx, attemptKey{}, a))

@@ -105,8 +105,8 @@ func (b *RouteBook) isDeployment(name string) bool {
 	return ok
 }
 
-// Routes returns the routes in effect, ordered by name, and the
-// providers.
+// Routes returns the routes in effect and the providers, each ordered by
+// name (a copy).
 func (b *RouteBook) Routes() config.Routes {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -183,6 +183,7 @@ func (b *RouteBook) withLocked(put config.Route, drop string) config.Routes {
 		out.Routes = append(out.Routes, put)
 	}
 	slices.SortFunc(out.Routes, func(x, y config.Route) int { return strings.Compare(x.Name, y.Name) })
+	slices.SortFunc(out.Providers, func(x, y config.Provider) int { return strings.Compare(x.Name, y.Name) })
 	return out
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -43,6 +44,29 @@ func (s storeDeployments) Status(name string) (reconcile.Status, bool) {
 		return reconcile.Status{}, false
 	}
 	return reconcile.Status{Ready: 2, Desired: 2, Reason: "concurrency: stable avg 9.0 / target 8 → 2", LastColdStart: tier.Cache}, true
+}
+
+// send makes one request with headers and returns the answer and its
+// whole body.
+func send(t *testing.T, method, url string, body io.Reader, headers map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
 }
 
 func TestAPI(t *testing.T) {

@@ -85,26 +85,15 @@ type tenantClient struct {
 // do sends a request and returns the answer's status and body.
 func (c tenantClient) do(method, path string, body io.Reader, contentType string) (int, string) {
 	c.t.Helper()
-	req, err := http.NewRequest(method, c.url+path, body)
-	if err != nil {
-		c.t.Fatal(err)
-	}
+	headers := map[string]string{}
 	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
+		headers["Content-Type"] = contentType
 	}
 	if c.tenant != "" {
-		req.Header.Set(tenantHeader, c.tenant)
+		headers[tenantHeader] = c.tenant
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	resp, b := send(c.t, method, c.url+path, body, headers)
+	return resp.StatusCode, b
 }
 
 // ok sends a request that must succeed and decodes its answer into out.

@@ -18,7 +18,8 @@ import (
 
 // RouteAdmin backs /admin/routes and lists routes in /v1/models (activator.RouteBook is one).
 type RouteAdmin interface {
-	// Routes returns the routes and providers in effect.
+	// Routes returns the routes and providers in effect, each ordered by
+	// name, in slices of the caller's own.
 	Routes() config.Routes
 	// FromFile reports whether the routes file defines the named route (read-only here).
 	FromFile(name string) bool
@@ -77,11 +78,10 @@ func (h routeHandlers) json(rt config.Route) RouteJSON {
 func (h routeHandlers) list(c *gin.Context) {
 	rs := h.ra.Routes()
 	out := RouteListJSON{Object: openai.ObjectList, Data: []RouteJSON{}, Providers: []config.Provider{}}
-	for _, rt := range sortedRoutes(rs.Routes) {
+	for _, rt := range rs.Routes {
 		out.Data = append(out.Data, h.json(rt))
 	}
 	out.Providers = append(out.Providers, rs.Providers...)
-	slices.SortFunc(out.Providers, func(a, b config.Provider) int { return strings.Compare(a.Name, b.Name) })
 	c.JSON(http.StatusOK, out)
 }
 
@@ -190,20 +190,13 @@ func findRoute(rs config.Routes, name string) (config.Route, bool) {
 	return rs.Routes[i], true
 }
 
-// sortedRoutes is a copy of rs by name (rs may be shared).
-func sortedRoutes(rs []config.Route) []config.Route {
-	out := slices.Clone(rs)
-	slices.SortFunc(out, func(a, b config.Route) int { return strings.Compare(a.Name, b.Name) })
-	return out
-}
-
 // routeModels are the routes the caller's key may use, as OpenAI Model
 // objects, by name, leaving out names in taken (deployments listed
 // already).
 func routeModels(ctx context.Context, ra RouteAdmin, taken map[string]bool) []openai.Model {
 	p, _ := tenancy.FromContext(ctx)
 	var out []openai.Model
-	for _, rt := range sortedRoutes(ra.Routes().Routes) {
+	for _, rt := range ra.Routes().Routes {
 		if !taken[rt.Name] && p.Allows(rt.Name) {
 			out = append(out, routeModel(rt.Name))
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -40,6 +39,10 @@ func (s storeRoutes) Routes() config.Routes {
 		}
 		rs.Routes = append(rs.Routes, r)
 	}
+	// RouteAdmin's contract: ordered by name.
+	slices.SortFunc(rs.Routes, func(a, b config.Route) int { return strings.Compare(a.Name, b.Name) })
+	rs.Providers = slices.Clone(rs.Providers)
+	slices.SortFunc(rs.Providers, func(a, b config.Provider) int { return strings.Compare(a.Name, b.Name) })
 	return rs
 }
 
@@ -116,20 +119,8 @@ providers:
 // call makes one request and returns its status and body.
 func call(t *testing.T, method, url, body string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	resp, b := send(t, method, url, strings.NewReader(body), nil)
+	return resp.StatusCode, b
 }
 
 func TestAdminRoutes(t *testing.T) {

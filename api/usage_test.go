@@ -6,7 +6,6 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -120,29 +119,14 @@ type usageClient struct {
 // get sends GET path and returns the status and body.
 func (c usageClient) get(path string) (int, string) {
 	c.t.Helper()
-	req, err := http.NewRequest(http.MethodGet, c.url+path, nil)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	for k, v := range c.headers {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		c.t.Fatal(err)
-	}
+	resp, b := send(c.t, http.MethodGet, c.url+path, nil, c.headers)
 	if resp.StatusCode == http.StatusOK {
 		ct := resp.Header.Get("Content-Type")
 		if strings.Contains(path, "format=csv") != strings.HasPrefix(ct, "text/csv") {
 			c.t.Errorf("GET %s: Content-Type %q", path, ct)
 		}
 	}
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, b
 }
 
 // list is the JSON answer of path, which must be a 200 list.

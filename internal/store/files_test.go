@@ -89,21 +89,23 @@ func TestFilesCRUDAndPages(t *testing.T) {
 	}
 }
 
-// A database written before the files table existed (schema version 2)
-// keeps its deployments and gains the table.
-func TestFilesMigrationKeepsOldDatabase(t *testing.T) {
+// openMigratedFrom writes a database as schema version (its first version
+// migrations) with the rows of seed (SQL), then opens it with Open, which
+// migrates it to the current schema.
+func openMigratedFrom(t *testing.T, version int, seed string) *Store {
+	t.Helper()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "state.db")
 	db, err := sql.Open("sqlite", dsn(path))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range migrations[:2] {
+	for _, m := range migrations[:version] {
 		if _, err := db.ExecContext(ctx, m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := db.ExecContext(ctx, `PRAGMA user_version = 2; INSERT INTO deployments (name, revision, updated_at) VALUES ('old', 'sha256:o', 1)`); err != nil {
+	if _, err := db.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d; %s", version, seed)); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()
@@ -111,7 +113,15 @@ func TestFilesMigrationKeepsOldDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// A database written before the files table existed (schema version 2)
+// keeps its deployments and gains the table.
+func TestFilesMigrationKeepsOldDatabase(t *testing.T) {
+	ctx := context.Background()
+	s := openMigratedFrom(t, 2, `INSERT INTO deployments (name, revision, updated_at) VALUES ('old', 'sha256:o', 1)`)
 	if d, err := s.Deployment(ctx, "old"); err != nil || d.Revision != "sha256:o" {
 		t.Errorf("deployment after migration = %+v, %v", d, err)
 	}
@@ -195,26 +205,8 @@ func TestFilesByOwner(t *testing.T) {
 // Files recorded before owners existed (schema version 5) belong to "".
 func TestFilesMigrationOwnsOldFilesAsNobody(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "state.db")
-	db, err := sql.Open("sqlite", dsn(path))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range migrations[:5] {
-		if _, err := db.ExecContext(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := db.ExecContext(ctx, `PRAGMA user_version = 5;
-		INSERT INTO files (id, filename, purpose, bytes, lines, blob_key, created_at) VALUES ('file-old', 'in.jsonl', 'batch', 1, 1, 'file-old', 1)`); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openMigratedFrom(t, 5,
+		`INSERT INTO files (id, filename, purpose, bytes, lines, blob_key, created_at) VALUES ('file-old', 'in.jsonl', 'batch', 1, 1, 'file-old', 1)`)
 	if f, err := s.File(ctx, "file-old"); err != nil || f.Owner != "" {
 		t.Errorf("old file = %+v, %v; want owner \"\"", f, err)
 	}
