@@ -93,6 +93,8 @@ type Activator struct {
 	deps map[string]*route
 	// routes is the routes in effect (RouteBook sets them); nil: none.
 	routes atomic.Pointer[routeTable]
+	// canaries is the deployments' canaries (SetCanary); nil: none.
+	canaries atomic.Pointer[canaryTable]
 }
 
 // route is one deployment's routing state.
@@ -357,16 +359,35 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		writeError(w, openai.InvalidRequest("model", "model is required"), 0)
 		return "", nil, nil
 	}
+	// A name pinning a revision is its deployment's as far as the key's
+	// scope, admission and the engine are concerned.
+	pool, named, pinned := a.pinned(ir.Model)
+	if !pinned {
+		named = ir.Model
+	}
 	if a.opts.Authorize != nil {
-		if e := a.opts.Authorize(req.Context(), ir.Model); e != nil {
+		if e := a.opts.Authorize(req.Context(), named); e != nil {
 			writeError(w, e, 0)
 			return "", nil, nil
 		}
 	}
-	// A route resolves to the deployment it picks for this request, and
-	// brings its fallback chain.
-	via, dep := a.routes.Load().resolve(ir.Model, &requestFacts{promptTokens: (len(ir.Prompt) + len(ir.Messages)) / promptTokenBytes,
-		maxTokens: ir.maxTokens(), text: func() string { return lastUserText(&ir) }, caller: a.callerOf(req.Context()), header: req.Header}, randIntN)
+	var via *compiledRoute
+	dep := pool
+	if pinned {
+		if pool == "" {
+			writeError(w, openai.ModelNotFound(ir.Model), 0)
+			return "", nil, nil
+		}
+		if body, err = withModel(body, named); err != nil {
+			writeError(w, openai.InvalidRequest("", "request body must be a JSON object"), 0)
+			return "", nil, nil
+		}
+	} else {
+		// A route resolves to the deployment it picks for this request,
+		// and brings its fallback chain.
+		via, dep = a.routes.Load().resolve(ir.Model, &requestFacts{promptTokens: (len(ir.Prompt) + len(ir.Messages)) / promptTokenBytes,
+			maxTokens: ir.maxTokens(), text: func() string { return lastUserText(&ir) }, caller: a.callerOf(req.Context()), header: req.Header}, randIntN)
+	}
 	if _, _, ok := a.opts.Resolver.Lookup(dep); !ok && via == nil {
 		writeError(w, openai.ModelNotFound(ir.Model), 0)
 		return "", nil, nil
@@ -382,7 +403,7 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 	// and prices the request by the deployment the route chose.
 	var refused *openai.Error
 	var flow Flow
-	if body, flow, refused = a.admit(rec, req, &ir, dep, body); refused != nil {
+	if body, flow, refused = a.admit(rec, req, &ir, a.canaries.Load().deployment(dep), body); refused != nil {
 		writeError(w, refused, 0)
 		return "", nil, nil
 	}
@@ -407,7 +428,11 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		if p := a.routes.Load().provider(target); p != nil {
 			reason = a.serveProvider(rec, req, hop, p)
 		} else {
-			r, reason, err = a.serveDeployment(rec, req, hop, target, via)
+			pool := target
+			if !pinned { // a deployment's canary takes its share
+				pool = a.canaries.Load().split(target, randIntN)
+			}
+			r, reason, err = a.serveDeployment(rec, req, hop, pool, via)
 		}
 		if reason == "" {
 			rec.served, rec.fallbacks = target, i
@@ -453,7 +478,7 @@ const (
 func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, name string, via *compiledRoute) (*route, string, error) {
 	w := http.ResponseWriter(rec)
 	ir, flow := h.ir, h.flow
-	_, spec, ok := a.opts.Resolver.Lookup(name)
+	revision, spec, ok := a.opts.Resolver.Lookup(name)
 	if !ok {
 		if h.last {
 			writeError(w, openai.ModelNotFound(name), 0)
@@ -533,7 +558,10 @@ func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, na
 		r.mu.RUnlock()
 		r.inflight.Add(1)
 		w.Header().Set("X-Stoke-Replica", id)
-		w.Header().Set(DeploymentHeader, name)
+		w.Header().Set(DeploymentHeader, a.canaries.Load().deployment(name))
+		if revision != "" {
+			w.Header().Set(RevisionHeader, revision)
+		}
 		if batch != nil {
 			batch.replica, batch.started = id, time.Now()
 			r.batch.add(batch)
@@ -555,6 +583,7 @@ func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, na
 		if errors.Is(err, errTooLong) && ctx.Err() == nil {
 			w.Header().Del("X-Stoke-Replica")
 			w.Header().Del(DeploymentHeader)
+			w.Header().Del(RevisionHeader)
 			return r, reasonTooLong, nil
 		}
 		if err == nil || !errors.Is(err, errNotStarted) || ctx.Err() != nil {
@@ -571,6 +600,7 @@ func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, na
 			}
 			w.Header().Del("X-Stoke-Replica")
 			w.Header().Del(DeploymentHeader)
+			w.Header().Del(RevisionHeader)
 			return r, reasonFailed, nil
 		}
 	}

@@ -40,6 +40,16 @@ type Deployments interface {
 	UpdateSpec(ctx context.Context, name string, spec json.RawMessage) (store.Deployment, error)
 	// Status is a deployment's live state (false when it has none).
 	Status(name string) (reconcile.Status, bool)
+	// Rollouts lists a deployment's rollouts, newest first.
+	Rollouts(ctx context.Context, name string) ([]store.Rollout, error)
+	// Promote and Rollback end a deployment's canary by hand (an error
+	// wrapping store.ErrNotFound when none runs).
+	Promote(ctx context.Context, name string) (store.Rollout, error)
+	Rollback(ctx context.Context, name string) (store.Rollout, error)
+	// Pin makes a deployment serve revision whatever is pushed, until
+	// Unpin.
+	Pin(ctx context.Context, name, revision string) (store.Deployment, error)
+	Unpin(ctx context.Context, name string) (store.Deployment, error)
 }
 
 // ColdStarts drives deployments into cold-start tiers and reports how
@@ -130,6 +140,7 @@ func New(o Options) http.Handler {
 	r.GET("/admin/deployments", o.listDeployments)
 	r.GET("/admin/deployments/:name", o.getDeployment)
 	r.PUT("/admin/deployments/:name", o.putDeployment)
+	mountRollouts(r, o) // rollouts.go
 	if o.Runtimes != nil {
 		r.GET("/admin/runtimes", gin.WrapH(o.Runtimes))
 	}
@@ -233,10 +244,23 @@ type deploymentJSON struct {
 	SpecError     string            `json:"spec_error,omitempty"`
 	UpdatedAt     time.Time         `json:"updated_at"`
 	Status        *reconcile.Status `json:"status,omitempty"`
+	// Pinned is set while an operator pins the revision.
+	Pinned bool `json:"pinned"`
+	// Rollout is the latest rollout (in canary or ended), CanaryStatus
+	// the live state of the canary's replicas while one runs.
+	Rollout      *rolloutJSON      `json:"rollout,omitempty"`
+	CanaryStatus *reconcile.Status `json:"canary_status,omitempty"`
 }
 
-func (o Options) toJSON(d store.Deployment) deploymentJSON {
-	out := deploymentJSON{Name: d.Name, Revision: d.Revision, Spec: d.Spec, UpdatedAt: d.UpdatedAt}
+func (o Options) toJSON(ctx context.Context, d store.Deployment) deploymentJSON {
+	out := deploymentJSON{Name: d.Name, Revision: d.Revision, Spec: d.Spec, UpdatedAt: d.UpdatedAt, Pinned: d.Pinned}
+	if rs, err := o.Deployments.Rollouts(ctx, d.Name); err == nil && len(rs) > 0 {
+		r := toRolloutJSON(rs[0])
+		out.Rollout = &r
+		if st, ok := o.Deployments.Status(reconcile.CanaryPool(d.Name)); ok && rs[0].State == store.RolloutCanary {
+			out.CanaryStatus = &st
+		}
+	}
 	if eff, err := config.Parse(d.Spec); err != nil {
 		out.SpecError = err.Error()
 	} else {
@@ -259,7 +283,7 @@ func (o Options) listDeployments(c *gin.Context) {
 		Data   []deploymentJSON `json:"data"`
 	}{Object: "list", Data: []deploymentJSON{}}
 	for _, d := range ds {
-		out.Data = append(out.Data, o.toJSON(d))
+		out.Data = append(out.Data, o.toJSON(c.Request.Context(), d))
 	}
 	c.JSON(http.StatusOK, out)
 }
@@ -270,7 +294,7 @@ func (o Options) getDeployment(c *gin.Context) {
 		writeError(c, deploymentError(c.Param("name"), err))
 		return
 	}
-	c.JSON(http.StatusOK, o.toJSON(d))
+	c.JSON(http.StatusOK, o.toJSON(c.Request.Context(), d))
 }
 
 // putDeployment replaces a deployment's spec: the body is the spec, or an
@@ -297,7 +321,7 @@ func (o Options) putDeployment(c *gin.Context) {
 		writeError(c, deploymentError(c.Param("name"), err))
 		return
 	}
-	c.JSON(http.StatusOK, o.toJSON(d))
+	c.JSON(http.StatusOK, o.toJSON(c.Request.Context(), d))
 }
 
 // readBody reads an admin request body of at most MaxBodyBytes.

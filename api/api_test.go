@@ -37,6 +37,37 @@ func (s storeDeployments) UpdateSpec(ctx context.Context, name string, spec json
 	return d, s.PutDeployment(ctx, d)
 }
 
+// Promote has no canary to end (the controller's rollouts are tested in
+// scaler/reconcile and cmd/stoke).
+func (s storeDeployments) Promote(context.Context, string) (store.Rollout, error) {
+	return store.Rollout{}, reconcile.ErrNoCanary
+}
+
+// Rollback has no canary to end either.
+func (s storeDeployments) Rollback(context.Context, string) (store.Rollout, error) {
+	return store.Rollout{}, reconcile.ErrNoCanary
+}
+
+// Pin records the revision pinned.
+func (s storeDeployments) Pin(ctx context.Context, name, revision string) (store.Deployment, error) {
+	d, err := s.Deployment(ctx, name)
+	if err != nil {
+		return d, err
+	}
+	d.Revision, d.Pinned = revision, true
+	return d, s.PutDeployment(ctx, d)
+}
+
+// Unpin records the deployment unpinned.
+func (s storeDeployments) Unpin(ctx context.Context, name string) (store.Deployment, error) {
+	d, err := s.Deployment(ctx, name)
+	if err != nil {
+		return d, err
+	}
+	d.Pinned = false
+	return d, s.PutDeployment(ctx, d)
+}
+
 // Status reports a fixed live state for chat, as a controller with two
 // ready replicas would.
 func (s storeDeployments) Status(name string) (reconcile.Status, bool) {
@@ -104,7 +135,8 @@ func TestAPI(t *testing.T) {
 		return resp.StatusCode, b.String(), resp.Header
 	}
 	defaults := `"effective_spec":{"replicas":{"min":0,"max":4,"sleeping":4},"target_concurrency":8,"ttft_slo":"800ms",` +
-		`"window":"1m0s","idle_delay":"30s","buffer":{"capacity":1000,"timeout":"1m0s"},"price":{"input_per_1m":0,"output_per_1m":0,"cached_input_per_1m":0},"cost":{"replica_hourly_usd":0}}`
+		`"window":"1m0s","idle_delay":"30s","buffer":{"capacity":1000,"timeout":"1m0s"},"price":{"input_per_1m":0,"output_per_1m":0,"cached_input_per_1m":0},"cost":{"replica_hourly_usd":0},` +
+		`"rollout":{"canary_percent":0,"eval":{"file":"","metric":"exact_match","max_regression":0,"max_tokens":32,"timeout":"10m0s"}}}`
 	for _, tc := range []struct {
 		name, method, path, body string
 		status                   int

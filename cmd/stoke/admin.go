@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // adminKeyEnv names the environment variable of the admin key.
@@ -59,6 +60,15 @@ func (c *adminClient) adminKey() (string, error) {
 		return "", fmt.Errorf("--admin-key-file %s: the first line is empty", c.keyFile)
 	}
 	return key, nil
+}
+
+// addFlags adds the flags saying which server to reach and the admin
+// key to send.
+func (c *adminClient) addFlags(pf *pflag.FlagSet) {
+	pf.StringVar(&c.url, "url", "http://127.0.0.1:8080", "stoke serve's URL")
+	// No default value: the variable's value would show in --help.
+	pf.StringVar(&c.key, "admin-key", "", "admin key sent as the bearer token (default $"+adminKeyEnv+")")
+	pf.StringVar(&c.keyFile, "admin-key-file", "", "read the admin key from the first line of `PATH`")
 }
 
 // adminError is an error answer of an admin endpoint.
@@ -171,11 +181,7 @@ Every request carries the admin key as its bearer token: the first line of
 variable keep it out of the process list and the shell history). The admin
 key is never printed.`,
 	}
-	pf := cmd.PersistentFlags()
-	pf.StringVar(&c.url, "url", "http://127.0.0.1:8080", "stoke serve's URL")
-	// No default value: the variable's value would show in --help.
-	pf.StringVar(&c.key, "admin-key", "", "admin key sent as the bearer token (default $"+adminKeyEnv+")")
-	pf.StringVar(&c.keyFile, "admin-key-file", "", "read the admin key from the first line of `PATH`")
+	c.addFlags(cmd.PersistentFlags())
 	tenant := &cobra.Command{
 		Use:   "tenant",
 		Short: "Create, list and delete tenants",

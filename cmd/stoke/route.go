@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,11 +33,7 @@ set through the API (source "api").
 Every request carries the admin key as its bearer token: the first line of
 --admin-key-file, else --admin-key, else $STOKE_ADMIN_KEY.`,
 	}
-	pf := cmd.PersistentFlags()
-	pf.StringVar(&c.url, "url", "http://127.0.0.1:8080", "stoke serve's URL")
-	// No default value: the variable's value would show in --help.
-	pf.StringVar(&c.key, "admin-key", "", "admin key sent as the bearer token (default $"+adminKeyEnv+")")
-	pf.StringVar(&c.keyFile, "admin-key-file", "", "read the admin key from the first line of `PATH`")
+	c.addFlags(cmd.PersistentFlags())
 	cmd.AddCommand(newRouteListCmd(c), newRouteGetCmd(c), newRouteSetCmd(c), newRouteDeleteCmd(c))
 	return cmd
 }
@@ -118,13 +113,10 @@ rules, split, fallbacks and fallback_after, and its source (file or api).`,
 			if err != nil {
 				return fmt.Errorf("route get %s: %w", args[0], err)
 			}
-			var b bytes.Buffer
-			if err := json.Indent(&b, raw, "", "  "); err != nil {
-				return fmt.Errorf("route get %s: the server's answer is not JSON: %w", args[0], err)
+			if err := printIndented(cmd.OutOrStdout(), raw); err != nil {
+				return fmt.Errorf("route get %s: %w", args[0], err)
 			}
-			b.WriteByte('\n')
-			_, err = b.WriteTo(cmd.OutOrStdout())
-			return err
+			return nil
 		}),
 	}
 }

@@ -107,6 +107,22 @@ func (d cliDeployments) UpdateSpec(ctx context.Context, name string, spec json.R
 
 func (d cliDeployments) Status(string) (reconcile.Status, bool) { return reconcile.Status{}, false }
 
+func (d cliDeployments) Promote(context.Context, string) (store.Rollout, error) {
+	return store.Rollout{}, reconcile.ErrNoCanary
+}
+
+func (d cliDeployments) Rollback(context.Context, string) (store.Rollout, error) {
+	return store.Rollout{}, reconcile.ErrNoCanary
+}
+
+func (d cliDeployments) Pin(context.Context, string, string) (store.Deployment, error) {
+	return store.Deployment{}, openai.Unsupported("revision", "not in this test")
+}
+
+func (d cliDeployments) Unpin(context.Context, string) (store.Deployment, error) {
+	return store.Deployment{}, openai.Unsupported("revision", "not in this test")
+}
+
 // cliRoutes is an api.RouteAdmin over a real state store: the file's
 // routes, read-only, plus those stored.
 type cliRoutes struct {

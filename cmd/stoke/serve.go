@@ -249,7 +249,8 @@ func runServe(ctx context.Context, f serveFlags) error {
 		prefetch = mgr.Prefetch
 	}
 	ctrl, err := reconcile.New(ctx, reconcile.Options{Store: st, Runtimes: mgr, Router: act, NewDecider: reconcile.NewAutoscaler,
-		ReplicaCapacity: f.maxNumSeqs, Slots: len(slots), Metrics: scaler.NewMetrics(reg), Registerer: reg, Cache: node.cache, Warm: f.warm, Prefetch: prefetch})
+		ReplicaCapacity: f.maxNumSeqs, Slots: len(slots), Metrics: scaler.NewMetrics(reg), Registerer: reg, Cache: node.cache, Warm: f.warm, Prefetch: prefetch,
+		ReadFile: revisionFiles(b, st), Evaluate: evalOn(act)})
 	if err != nil {
 		return err
 	}

@@ -25,24 +25,51 @@ import (
 type Executor interface {
 	// Execute computes step and returns, aligned with step.Work, the token
 	// sampled for every work item with Sample set, using samplers (also
-	// aligned with step.Work; nil where Sample is unset).
+	// aligned with step.Work; nil where Sample is unset), and for a
+	// PromptScorer the logprobs of the prompt tokens each work item scores.
 	Execute(ctx context.Context, step sched.Step, samplers []*sample.Sampler) ([]Sampled, error)
 }
+
+// PromptScorer is an Executor that can score prompts: for work items of a
+// request with sched.Request.ScorePrompt set, its Execute fills
+// Sampled.PromptLogprobs. Submit refuses requests with Params.PromptLogprobs
+// unless the engine's executor is one and ScoresPrompts is true (a wrapper
+// reports what the executor it wraps does).
+type PromptScorer interface {
+	Executor
+	ScoresPrompts() bool
+}
+
+// ErrNoPromptLogprobs is returned by Submit for a request that asks for
+// prompt logprobs on an engine whose executor computes no logits (the sim).
+var ErrNoPromptLogprobs = errors.New("this engine computes no prompt logprobs: its executor has no model logits")
 
 // releaser is implemented by executors that keep per-request state.
 type releaser interface {
 	Release(r *sched.Request)
 }
 
-// Sampled is one sampled token.
+// Sampled is what one work item of a step produced: the token sampled
+// for it, and the logprobs of the prompt tokens it scored.
 type Sampled struct {
 	ID       int32
 	Logprobs *sample.Logprobs
+	// PromptLogprobs score, for a request with sched.Request.ScorePrompt,
+	// the prompt tokens PromptFirst, PromptFirst+1, … from the logits of
+	// the positions before them that the work item computed.
+	PromptLogprobs []sample.Logprobs
+	// PromptFirst is the index in the prompt of the token
+	// PromptLogprobs[0] scores (at least 1: the first token has no
+	// position before it).
+	PromptFirst int
 }
 
 // Params describe one generation request.
 type Params struct {
-	Prompt    []int32
+	Prompt []int32
+	// MaxTokens bounds the generated tokens; 0 only computes the prompt
+	// (scoring it, with PromptLogprobs), ending with FinishLength and no
+	// token.
 	MaxTokens int
 	Sampling  sample.Params
 	// StopIDs end the request (the model's EOS tokens are added unless
@@ -54,6 +81,12 @@ type Params struct {
 	SkipSpecial bool
 	Priority    int
 	CacheSalt   string
+	// PromptLogprobs asks for the logprob of every prompt token after the
+	// first (Delta.PromptLogprobs), with Sampling.Logprobs alternatives
+	// each (none when it is negative), computed from the model's logits
+	// as a sampled token's are. The whole prompt is then computed: the
+	// prefix cache supplies none of it. It needs a PromptScorer executor.
+	PromptLogprobs bool
 }
 
 // Config sets up an engine.
@@ -100,6 +133,11 @@ type request struct {
 	stream  *Stream
 	arrived time.Time
 	lastTok time.Time
+	// prompt collects the logprobs of the prompt tokens scored so far
+	// (Params.PromptLogprobs): prompt[i] scores token i+1. It goes to the
+	// stream whole, once every token is scored, and promptSent is set.
+	prompt     []sample.Logprobs
+	promptSent bool
 }
 
 // Stats is a snapshot of the engine's load, updated after every step.
@@ -132,7 +170,11 @@ func New(cfg Config, kv *kvcache.Manager, exec Executor, tok *tokenizer.Tokenize
 // here; sampling parameters must already be valid.
 func (e *Engine) Submit(p Params) (*Stream, error) {
 	id := "req-" + strconv.FormatUint(e.nextID.Add(1), 10)
-	sreq := &sched.Request{ID: id, Prompt: p.Prompt, MaxTokens: p.MaxTokens, Priority: p.Priority, CacheSalt: p.CacheSalt}
+	sreq := &sched.Request{ID: id, Prompt: p.Prompt, MaxTokens: p.MaxTokens, Priority: p.Priority, CacheSalt: p.CacheSalt,
+		ScorePrompt: p.PromptLogprobs, PromptTopLogprobs: max(p.Sampling.Logprobs, 0)}
+	if p.PromptLogprobs && !e.scoresPrompts() {
+		return nil, ErrNoPromptLogprobs
+	}
 	if err := sched.Validate(e.cfg.Sched, e.kv.NumBlocks(), sreq); err != nil {
 		return nil, err
 	}
@@ -156,6 +198,12 @@ func (e *Engine) Submit(p Params) (*Stream, error) {
 	e.inflight.Add(1)
 	e.signal()
 	return r.stream, nil
+}
+
+// scoresPrompts reports whether the executor fills Sampled.PromptLogprobs.
+func (e *Engine) scoresPrompts() bool {
+	ps, ok := e.exec.(PromptScorer)
+	return ok && ps.ScoresPrompts()
 }
 
 // Abort cancels a request; its KV blocks are freed before the next step.
@@ -282,11 +330,43 @@ func (e *Engine) runStep(ctx context.Context, step sched.Step) {
 	e.sched.Commit(step, ids)
 	now := time.Now()
 	for i, w := range step.Work {
-		if w.Sample {
-			e.emit(e.live[w.Req.ID], out[i], now)
+		r := e.live[w.Req.ID]
+		if r == nil {
+			continue
+		}
+		if r.params.PromptLogprobs {
+			r.scored(out[i])
+		}
+		switch {
+		case w.Sample:
+			e.emit(r, out[i], now)
+		case r.sreq.MaxTokens == 0 && w.CompletesPrompt():
+			if e.metrics != nil {
+				e.metrics.observePromptOnly(r)
+			}
+			e.end(r, FinishLength, "", nil)
 		}
 	}
 	e.publish()
+}
+
+// scored adds the prompt logprobs a work item computed and, once every
+// prompt token after the first is scored, hands them to the stream. A
+// request recomputed after a preemption scores its prompt again; tokens
+// already scored keep their first logprobs.
+func (r *request) scored(s Sampled) {
+	if r.promptSent {
+		return
+	}
+	for j, lp := range s.PromptLogprobs {
+		if s.PromptFirst+j == len(r.prompt)+1 {
+			r.prompt = append(r.prompt, lp)
+		}
+	}
+	if len(r.prompt) >= len(r.sreq.Prompt)-1 {
+		r.stream.pushPrompt(r.prompt)
+		r.prompt, r.promptSent = nil, true
+	}
 }
 
 // emit delivers a sampled token and ends the request when it should stop.

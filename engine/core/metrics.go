@@ -47,7 +47,7 @@ func NewMetrics(reg prometheus.Registerer, modelName string) *Metrics {
 		kvUsage:       gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full)."),
 		prefixQueries: counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
 		prefixHits:    counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache."),
-		promptTokens:  counter("vllm:prompt_tokens_total", "Prompt tokens of requests that reached their first token."),
+		promptTokens:  counter("vllm:prompt_tokens_total", "Prompt tokens of requests that reached their first token or, generating none, computed their prompt."),
 		genTokens:     counter("vllm:generation_tokens_total", "Generated tokens."),
 		preemptions:   counter("vllm:num_preemptions_total", "Requests preempted to free KV blocks (recomputed later)."),
 		ttft:          histogram("vllm:time_to_first_token_seconds", "Time from arrival to the first token.", latency),
@@ -91,6 +91,12 @@ func (m *Metrics) observeToken(r *request, now time.Time) {
 		return
 	}
 	m.itl.Observe(now.Sub(r.lastTok).Seconds())
+}
+
+// observePromptOnly counts the prompt of a request that generates nothing
+// (it only scores its prompt), which never reaches a first token.
+func (m *Metrics) observePromptOnly(r *request) {
+	m.promptTokens.Add(float64(len(r.sreq.Prompt)))
 }
 
 func (m *Metrics) observeFinish(r *request, reason string, now time.Time) {

@@ -14,6 +14,10 @@ import (
 // SimExecutor stands in for the model: each step takes the time the
 // profile predicts for it on the profiled GPU, and requests "generate"
 // readable words, deterministic for the request's seed (or its prompt).
+// It has no logits, so it reports no logprobs and is no PromptScorer:
+// Submit refuses prompt logprobs on it (ErrNoPromptLogprobs), while a
+// prefill-only request (MaxTokens 0) takes its prefill's time and ends
+// with no token.
 type SimExecutor struct {
 	profile sim.Profile
 	tok     *tokenizer.Tokenizer

@@ -29,6 +29,11 @@ type Delta struct {
 	Text     string
 	IDs      []int32
 	Logprobs []sample.Logprobs
+	// PromptLogprobs, for a request with Params.PromptLogprobs, score the
+	// prompt tokens after the first, in order: it is set (non-nil, empty
+	// for a one-token prompt) in exactly one delta, the one returned once
+	// the whole prompt is computed, before or with the first token's.
+	PromptLogprobs []sample.Logprobs
 	// Finish is empty until the request ends.
 	Finish string
 	Err    error
@@ -63,7 +68,7 @@ func (s *Stream) Next(ctx context.Context) (d Delta, ok bool) {
 			s.mu.Unlock()
 			return Delta{}, false
 		}
-		if s.finished || s.pending.Text != "" || len(s.pending.IDs) > 0 {
+		if s.finished || s.pending.Text != "" || len(s.pending.IDs) > 0 || s.pending.PromptLogprobs != nil {
 			d, s.pending = s.pending, Delta{}
 			s.taken = s.finished
 			s.mu.Unlock()
@@ -86,6 +91,18 @@ func (s *Stream) push(text string, id int32, lp *sample.Logprobs) {
 	if lp != nil {
 		s.pending.Logprobs = append(s.pending.Logprobs, *lp)
 	}
+	s.mu.Unlock()
+	s.wake()
+}
+
+// pushPrompt adds the prompt's logprobs (never nil: a one-token prompt has
+// none).
+func (s *Stream) pushPrompt(lps []sample.Logprobs) {
+	if lps == nil {
+		lps = []sample.Logprobs{}
+	}
+	s.mu.Lock()
+	s.pending.PromptLogprobs = lps
 	s.mu.Unlock()
 	s.wake()
 }

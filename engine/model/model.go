@@ -93,6 +93,8 @@ func (b *Batch) validate(c *Config) error {
 // buffers are the activations of one forward call, grown on demand.
 type buffers struct {
 	x, h, q, k, v, att, gate, up, rope []float32
+	// logits receives ForwardRows' groups of logit rows.
+	logits []float32
 }
 
 func grow(s []float32, n int) []float32 {
@@ -115,16 +117,68 @@ func (b *buffers) size(c *Config, n int) {
 // values in kv, and writes the next-token logits of b.LogitRows into
 // logits (len(b.LogitRows) × vocab_size).
 func (m *Model) Forward(b *Batch, kv *kvcache.Cache, logits []float32) error {
-	c := &m.cfg
-	if err := b.validate(c); err != nil {
+	if err := m.check(b, kv); err != nil {
+		return err
+	}
+	if len(logits) != len(b.LogitRows)*m.cfg.VocabSize {
+		return fmt.Errorf("logits buffer has %d values, want %d", len(logits), len(b.LogitRows)*m.cfg.VocabSize)
+	}
+	if err := m.forwardHidden(b, kv); err != nil {
+		return err
+	}
+	m.logitsOf(b, b.LogitRows, logits)
+	return nil
+}
+
+// LogitsFunc receives the next-token logits of the logit rows
+// b.LogitRows[first : first+len(logits)/vocab_size], one row of vocab_size
+// after another. The slice is reused once the function returns.
+type LogitsFunc func(first int, logits []float32) error
+
+// ForwardRows is Forward for batches that ask for many logit rows (the
+// logprobs of every prompt position): it hands the logits of b.LogitRows to
+// each in order, at most maxRows rows at a time, through one buffer of
+// maxRows × vocab_size floats that the model reuses, so that the logits of
+// a long prompt are never all held at once. The logits are the same bits
+// Forward returns. An error of each stops the call and is returned.
+func (m *Model) ForwardRows(b *Batch, kv *kvcache.Cache, maxRows int, each LogitsFunc) error {
+	if err := m.check(b, kv); err != nil {
+		return err
+	}
+	if maxRows < 1 {
+		return fmt.Errorf("forward: maxRows must be positive, got %d", maxRows)
+	}
+	if err := m.forwardHidden(b, kv); err != nil {
+		return err
+	}
+	vocab := m.cfg.VocabSize
+	for first := 0; first < len(b.LogitRows); first += maxRows {
+		rows := b.LogitRows[first:min(len(b.LogitRows), first+maxRows)]
+		m.buf.logits = grow(m.buf.logits, len(rows)*vocab)
+		m.logitsOf(b, rows, m.buf.logits)
+		if err := each(first, m.buf.logits); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// check refuses a batch the model cannot run over kv.
+func (m *Model) check(b *Batch, kv *kvcache.Cache) error {
+	if err := b.validate(&m.cfg); err != nil {
 		return err
 	}
 	if kv.Shape() != m.KVShape() {
 		return fmt.Errorf("kv cache shape %+v does not fit the model (%+v)", kv.Shape(), m.KVShape())
 	}
-	if len(logits) != len(b.LogitRows)*c.VocabSize {
-		return fmt.Errorf("logits buffer has %d values, want %d", len(logits), len(b.LogitRows)*c.VocabSize)
-	}
+	return nil
+}
+
+// forwardHidden runs a checked batch through every layer, storing keys
+// and values in kv and leaving the last hidden state of each token in
+// m.buf.x.
+func (m *Model) forwardHidden(b *Batch, kv *kvcache.Cache) error {
+	c := &m.cfg
 	n := len(b.Tokens)
 	if n == 0 {
 		return nil
@@ -142,12 +196,23 @@ func (m *Model) Forward(b *Batch, kv *kvcache.Cache, logits []float32) error {
 	for l := range m.w.Layers {
 		m.layer(l, b, kv)
 	}
-	h := buf.h[:len(b.LogitRows)*d]
-	for j, r := range b.LogitRows {
+	return nil
+}
+
+// logitsOf writes the next-token logits of the batch tokens rows (indices
+// into b.Tokens, whose hidden states forwardHidden left in m.buf.x) into
+// logits (len(rows) × vocab_size).
+func (m *Model) logitsOf(b *Batch, rows []int, logits []float32) {
+	if len(rows) == 0 || len(b.Tokens) == 0 {
+		return
+	}
+	c, buf := &m.cfg, &m.buf
+	d := c.HiddenSize
+	h := buf.h[:len(rows)*d]
+	for j, r := range rows {
 		rmsNorm(h[j*d:(j+1)*d], buf.x[r*d:(r+1)*d], m.w.Norm, float32(c.RMSNormEps))
 	}
-	m.pool.MatMul(logits, h, len(b.LogitRows), m.w.LMHead)
-	return nil
+	m.pool.MatMul(logits, h, len(rows), m.w.LMHead)
 }
 
 func (m *Model) layer(l int, b *Batch, kv *kvcache.Cache) {

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -440,5 +441,73 @@ func checkChunkedPrefill(t *testing.T, set *kernels.Set, cfg Config) {
 			pos += size
 		}
 		kv.Free()
+	}
+}
+
+// TestForwardRowsMatchesForward checks, on every kernel set, that
+// ForwardRows hands out the very logits Forward writes, in groups of at
+// most maxRows rows in order, and that an error of the callback ends it.
+func TestForwardRowsMatchesForward(t *testing.T) {
+	kernelstest.ForEachSet(t, func(t *testing.T, set *kernels.Set) {
+		cfg := testConfig()
+		m := newSetModel(t, set, 2, cfg, randomSource(t, cfg, 13))
+		rng := rand.New(rand.NewPCG(9, 9))
+		tokens := make([]int32, 37)
+		for i := range tokens {
+			tokens[i] = int32(rng.IntN(cfg.VocabSize))
+		}
+		want := runAlone(t, m, tokens)
+		for _, maxRows := range []int{1, 3, 16, 37, 100} {
+			kv, err := kvcache.New(m.KVShape(), 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mgr := kvcache.NewManager(kv.NumBlocks(), false)
+			if !mgr.Allocate(0, tokens, len(tokens), nil, "") {
+				t.Fatal("no kv blocks")
+			}
+			b := &Batch{Tokens: tokens, BlockTables: [][]int32{mgr.Table(0)}}
+			for i := range tokens {
+				b.Positions = append(b.Positions, int32(i))
+				b.Seqs = append(b.Seqs, 0)
+				b.LogitRows = append(b.LogitRows, i)
+			}
+			var got []float32
+			err = m.ForwardRows(b, kv, maxRows, func(first int, logits []float32) error {
+				rows := len(logits) / cfg.VocabSize
+				if first != len(got)/cfg.VocabSize || rows < 1 || rows > maxRows || len(logits)%cfg.VocabSize != 0 {
+					t.Fatalf("maxRows %d: a group of %d values from row %d after %d rows", maxRows, len(logits), first, len(got)/cfg.VocabSize)
+				}
+				got = append(got, logits...)
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("maxRows %d: ForwardRows' logits differ from Forward's", maxRows)
+			}
+			stop := errors.New("stop")
+			calls := 0
+			if err := m.ForwardRows(b, kv, maxRows, func(int, []float32) error { calls++; return stop }); !errors.Is(err, stop) || calls != 1 {
+				t.Fatalf("maxRows %d: a failing callback gave %v after %d calls", maxRows, err, calls)
+			}
+			kv.Free()
+		}
+	})
+}
+
+// TestForwardRowsRejectsNoRows checks that groups of no rows are refused.
+func TestForwardRowsRejectsNoRows(t *testing.T) {
+	cfg := testConfig()
+	m := newTestModel(t, cfg, randomSource(t, cfg, 1))
+	kv, err := kvcache.New(m.KVShape(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kv.Free()
+	b := &Batch{Tokens: []int32{1}, Positions: []int32{0}, Seqs: []int32{0}, BlockTables: [][]int32{{0}}, LogitRows: []int{0}}
+	if err := m.ForwardRows(b, kv, 0, func(int, []float32) error { return nil }); err == nil || !strings.Contains(err.Error(), "maxRows") {
+		t.Fatalf("maxRows 0: %v, want an error naming maxRows", err)
 	}
 }

@@ -170,25 +170,60 @@ func (s *Sampler) Sample(logits []float32, prompt, output []int32) (int32, *Logp
 // rawLogprobs returns the top alternatives of the unmodified logits and
 // their log-sum-exp, from which any token's logprob follows.
 func (s *Sampler) rawLogprobs(logits []float32) (*Logprobs, float64) {
-	n := min(s.p.Logprobs, MaxLogprobs, len(logits))
+	return rawLogprobs(&s.top, logits, s.p.Logprobs)
+}
+
+// rawLogprobs returns the k most likely tokens of logits (at most
+// MaxLogprobs) with their logprobs, and the logits' log-sum-exp, from which
+// any token's logprob follows as float32(float64(logit) - lse). top is a
+// reusable buffer. The Sampler and the Scorer share it, so that a token
+// reports the same logprob whether it was sampled or scored.
+func rawLogprobs(top *[]cand, logits []float32, k int) (*Logprobs, float64) {
+	n := min(k, MaxLogprobs, len(logits))
 	m := float64(logits[Argmax(logits)])
-	top := s.top[:0]
+	best := (*top)[:0]
 	if n > 0 {
-		top = topK(top, logits, n, float32(math.Inf(-1)))
+		best = topK(best, logits, n, float32(math.Inf(-1)))
 		// Only -Inf and NaN logits are left out; report -Inf ones too.
-		for i := 0; len(top) < n && i < len(logits); i++ {
+		for i := 0; len(best) < n && i < len(logits); i++ {
 			if l := logits[i]; math.IsInf(float64(l), -1) {
-				top = append(top, cand{id: int32(i), key: l})
+				best = append(best, cand{id: int32(i), key: l})
 			}
 		}
-		s.top = top
+		*top = best
 	}
 	lse := m + math.Log(sumExp(logits, m))
-	lp := &Logprobs{Top: make([]TokenLogprob, len(top))}
-	for i, c := range top {
+	lp := &Logprobs{Top: make([]TokenLogprob, len(best))}
+	for i, c := range best {
 		lp.Top[i] = TokenLogprob{ID: c.id, Logprob: float32(float64(c.key) - lse)}
 	}
 	return lp, lse
+}
+
+// Scorer reports the logprob of a given token, with the most likely
+// alternatives, from a row of logits: teacher-forced scoring, as for the
+// tokens of a prompt. Its numbers are the ones Sampler reports for a token
+// it samples from the same row (the log-softmax of the raw logits, summed
+// in float64). The zero Scorer is ready; it keeps a reusable buffer and is
+// not safe for concurrent use.
+type Scorer struct {
+	top []cand
+}
+
+// Score returns the logprob of token id under logits as Logprobs.Chosen and
+// the k most likely tokens (0..MaxLogprobs) as Logprobs.Top. logits is
+// left as it is. An id outside logits scores -Inf.
+func (s *Scorer) Score(logits []float32, id int32, k int) Logprobs {
+	if len(logits) == 0 {
+		return Logprobs{Chosen: TokenLogprob{ID: id, Logprob: float32(math.Inf(-1))}, Top: []TokenLogprob{}}
+	}
+	lp, lse := rawLogprobs(&s.top, logits, k)
+	chosen := float32(math.Inf(-1))
+	if id >= 0 && int(id) < len(logits) {
+		chosen = float32(float64(logits[id]) - lse)
+	}
+	lp.Chosen = TokenLogprob{ID: id, Logprob: chosen}
+	return *lp
 }
 
 // sumExp is the sum of e^(l-m) over logits, m their maximum, with four

@@ -672,3 +672,43 @@ func TestSamplersRunConcurrently(t *testing.T) {
 		}
 	}
 }
+
+// TestScorerMatchesSampler checks that scoring a token reports exactly
+// what sampling it reports (chosen logprob and alternatives, bit for bit),
+// penalties and temperature included (logprobs are of the raw logits),
+// and that scoring any other token gives its float64 log-softmax.
+func TestScorerMatchesSampler(t *testing.T) {
+	var sc Scorer
+	for _, tc := range []struct {
+		name string
+		p    Params
+	}{
+		{"greedy, no alternatives", Params{TopP: 1, Logprobs: 0}},
+		{"greedy, 5 alternatives", Params{TopP: 1, Logprobs: 5}},
+		{"sampled with penalties", Params{Temperature: 0.8, TopP: 0.9, Seed: 3, Logprobs: 2, PresencePenalty: 1, RepetitionPenalty: 1.3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := New(tc.p)
+			for seed := range uint64(20) {
+				logits := randLogits(seed, 1000, 3)
+				raw := slices.Clone(logits)
+				id, lp := s.Sample(logits, []int32{1, 2, 3}, []int32{4, 5})
+				got := sc.Score(raw, id, tc.p.Logprobs)
+				if got.Chosen != lp.Chosen || !slices.Equal(got.Top, lp.Top) {
+					t.Fatalf("seed %d: scored %+v, sampled %+v", seed, got, *lp)
+				}
+				ref := refProbs(raw, 1)
+				other := (id + 7) % 1000
+				if o := sc.Score(raw, other, 0); o.Chosen.ID != other || len(o.Top) != 0 || math.Abs(float64(o.Chosen.Logprob)-math.Log(ref[other])) > 1e-5 {
+					t.Fatalf("seed %d: token %d scored %+v, want logprob %v", seed, other, o, math.Log(ref[other]))
+				}
+				if !slices.Equal(raw, randLogits(seed, 1000, 3)) {
+					t.Fatal("Score changed the logits")
+				}
+			}
+		})
+	}
+	if got := sc.Score([]float32{0, 0}, 5, 1); !math.IsInf(float64(got.Chosen.Logprob), -1) || len(got.Top) != 1 {
+		t.Fatalf("an id outside the row scored %+v, want -Inf with one alternative", got)
+	}
+}

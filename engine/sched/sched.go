@@ -42,14 +42,27 @@ func (s State) String() string {
 // exported fields before Add and reads the rest; the scheduler owns the
 // request until it finishes.
 type Request struct {
-	ID        string
-	Prompt    []int32
+	ID     string
+	Prompt []int32
+	// MaxTokens bounds the generated tokens; 0 makes a prefill-only
+	// request, which computes its prompt (scoring it, with ScorePrompt)
+	// and generates nothing.
 	MaxTokens int
 	// Priority orders waiting requests (higher first) and picks preemption
 	// victims (lowest first).
 	Priority int
 	// CacheSalt separates prefix-cache entries, e.g. per LoRA adapter.
 	CacheSalt string
+	// ScorePrompt asks the executor for the logprob of every prompt token
+	// after the first, from the logits of the position before it
+	// (teacher-forced), with PromptTopLogprobs alternatives each. Such a
+	// request computes every prompt position itself: the prefix cache
+	// supplies none of its tokens, since cached positions have no logits
+	// (its own full blocks are still registered for later requests).
+	ScorePrompt bool
+	// PromptTopLogprobs is how many most likely alternatives the executor
+	// reports with each prompt token's logprob when ScorePrompt is set.
+	PromptTopLogprobs int
 
 	// Output holds the generated tokens.
 	Output []int32
@@ -98,9 +111,19 @@ type Work struct {
 	Start, Count int
 	// Table is the request's KV block table, covering Start+Count positions.
 	Table []int32
-	// Sample is set when the step reaches the request's last known token,
-	// so the engine samples the next one from its logits.
+	// Sample is set when the step reaches the request's last known token
+	// and the request has tokens left to generate, so the engine samples
+	// the next one from its logits.
 	Sample bool
+}
+
+// CompletesPrompt reports whether the work computes its request's last
+// prompt position: for a request that generates nothing (MaxTokens 0),
+// its end. Unlike Sample it reads only the prompt, so it holds after
+// Commit too.
+func (w Work) CompletesPrompt() bool {
+	n := len(w.Req.Prompt)
+	return w.Start < n && w.Start+w.Count >= n
 }
 
 // Step is what the engine computes next.
@@ -138,16 +161,17 @@ func New(cfg Config, kv *kvcache.Manager) (*Scheduler, error) {
 }
 
 // Validate refuses a request that could never run under cfg with a KV
-// pool of numBlocks: an empty prompt, more tokens than the context, or more
-// than the whole pool. It reads nothing else, so a server may call it from
-// any goroutine before handing the request to the engine loop.
+// pool of numBlocks: an empty prompt, a negative MaxTokens, more tokens
+// than the context, or more than the whole pool. It reads nothing else,
+// so a server may call it from any goroutine before handing the request to
+// the engine loop.
 func Validate(cfg Config, numBlocks int, r *Request) error {
 	total := len(r.Prompt) + r.MaxTokens
 	switch {
 	case len(r.Prompt) == 0:
 		return fmt.Errorf("%w: the prompt is empty", ErrTooLong)
-	case r.MaxTokens < 1:
-		return fmt.Errorf("%w: max_tokens must be at least 1", ErrTooLong)
+	case r.MaxTokens < 0:
+		return fmt.Errorf("%w: max_tokens must not be negative, got %d", ErrTooLong, r.MaxTokens)
 	case total > cfg.MaxModelLen:
 		return fmt.Errorf("%w: %d prompt tokens plus %d max_tokens exceed the context of %d", ErrTooLong, len(r.Prompt), r.MaxTokens, cfg.MaxModelLen)
 	case total > numBlocks*kvcache.BlockSize:
@@ -239,7 +263,7 @@ func (s *Scheduler) Schedule() Step {
 			continue
 		}
 		scheduled[r] = len(step.Work)
-		step.Work = append(step.Work, Work{Req: r, Start: r.NumComputed, Count: n, Table: s.kv.Table(r.seq), Sample: r.NumComputed+n == len(r.tokens)})
+		step.Work = append(step.Work, Work{Req: r, Start: r.NumComputed, Count: n, Table: s.kv.Table(r.seq), Sample: r.samples(r.NumComputed + n)})
 		step.NumTokens += n
 		budget -= n
 		lower.take(r, n)
@@ -250,7 +274,11 @@ func (s *Scheduler) Schedule() Step {
 	}
 	for budget > 0 && len(s.running) < s.cfg.MaxNumSeqs && s.waiting.Len() > 0 {
 		r := s.waiting[0]
-		cached, hit := s.kv.LookupPrefix(r.tokens, r.CacheSalt)
+		var cached []int32
+		hit := 0
+		if !r.ScorePrompt { // a scored prompt needs the logits of every position
+			cached, hit = s.kv.LookupPrefix(r.tokens, r.CacheSalt)
+		}
 		n := lower.cap(r, min(len(r.tokens)-hit, budget))
 		if n == 0 {
 			break // the rest wait behind r, at its priority or below
@@ -261,12 +289,18 @@ func (s *Scheduler) Schedule() Step {
 		heap.Pop(&s.waiting)
 		r.state, r.NumComputed, r.NumCachedTokens = Running, hit, min(hit, len(r.Prompt))
 		s.running = append(s.running, r)
-		step.Work = append(step.Work, Work{Req: r, Start: hit, Count: n, Table: s.kv.Table(r.seq), Sample: hit+n == len(r.tokens)})
+		step.Work = append(step.Work, Work{Req: r, Start: hit, Count: n, Table: s.kv.Table(r.seq), Sample: r.samples(hit + n)})
 		step.NumTokens += n
 		budget -= n
 		lower.take(r, n)
 	}
 	return step
+}
+
+// samples reports whether computing r's tokens up to computed reaches its
+// last known token with a token still to generate.
+func (r *Request) samples(computed int) bool {
+	return computed == len(r.tokens) && len(r.Output) < r.MaxTokens
 }
 
 // lowerBudget is what is left of a step's prefill tokens for requests below

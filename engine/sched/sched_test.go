@@ -268,7 +268,7 @@ func TestAddRejects(t *testing.T) {
 		want string
 	}{
 		{"empty", &Request{ID: "a", MaxTokens: 1}, "prompt is empty"},
-		{"no tokens", &Request{ID: "b", Prompt: []int32{1}}, "max_tokens must be at least 1"},
+		{"negative max tokens", &Request{ID: "b", Prompt: []int32{1}, MaxTokens: -1}, "max_tokens must not be negative"},
 		{"past context", &Request{ID: "c", Prompt: prompt(1, 90), MaxTokens: 11}, "exceed the context of 100"},
 		{"past pool", &Request{ID: "d", Prompt: prompt(1, 60), MaxTokens: 10}, "exceed the KV cache of 64 tokens"},
 	} {
@@ -338,4 +338,61 @@ func TestLowerPriorityPrefillIsCapped(t *testing.T) {
 		}
 		first = false
 	})
+}
+
+// TestScorePromptComputesEveryPosition checks that a request scoring its
+// prompt takes nothing from the prefix cache (a plain request with the
+// same prompt does), still registers its blocks for later ones, and that
+// a prefill-only request (MaxTokens 0) is never sampled.
+func TestScorePromptComputesEveryPosition(t *testing.T) {
+	s, kv := newScheduler(t, Config{MaxNumBatchedTokens: 16, MaxNumSeqs: 4, MaxModelLen: 200}, 32)
+	p := prompt(4, 40)
+	// prefill runs r alone to the end of its prompt and returns its work.
+	prefill := func(t *testing.T, r *Request) []Work {
+		t.Helper()
+		if err := s.Add(r); err != nil {
+			t.Fatal(err)
+		}
+		var work []Work
+		for r.NumComputed < len(r.Prompt) {
+			step := s.Schedule()
+			if len(step.Work) != 1 || step.Work[0].Req != r {
+				t.Fatalf("step %+v, want %s alone", step, r.ID)
+			}
+			work = append(work, step.Work[0])
+			s.Commit(step, []int32{7})
+		}
+		return work
+	}
+	for _, tc := range []struct {
+		name      string
+		score     bool
+		maxTokens int
+		start     int // of the first work item
+		sampled   bool
+	}{
+		{"scoring, first", true, 0, 0, false},
+		{"plain, cache filled by the scoring request", false, 1, 32, true},
+		{"scoring, cache full", true, 2, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			queries, _ := kv.PrefixStats()
+			r := &Request{ID: tc.name, Prompt: p, MaxTokens: tc.maxTokens, ScorePrompt: tc.score, PromptTopLogprobs: 1}
+			defer s.Finish(r.ID) // its blocks stay in the cache for the next case
+			work := prefill(t, r)
+			last := work[len(work)-1]
+			if work[0].Start != tc.start || r.NumCachedTokens != tc.start || last.Sample != tc.sampled || !last.CompletesPrompt() {
+				t.Fatalf("first work starts at %d (cached %d), last samples %v (completes the prompt %v): want %d, %v",
+					work[0].Start, r.NumCachedTokens, last.Sample, last.CompletesPrompt(), tc.start, tc.sampled)
+			}
+			for _, w := range work[:len(work)-1] {
+				if w.Sample || w.CompletesPrompt() {
+					t.Fatalf("a prefill chunk %+v samples or ends the prompt", w)
+				}
+			}
+			if after, _ := kv.PrefixStats(); tc.score && after != queries {
+				t.Fatalf("a scoring request looked up the prefix cache (%d tokens queried)", after-queries)
+			}
+		})
+	}
 }

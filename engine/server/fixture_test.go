@@ -105,6 +105,12 @@ func (g *gate) Execute(ctx context.Context, step sched.Step, samplers []*sample.
 	return g.inner.Execute(ctx, step, samplers)
 }
 
+// ScoresPrompts reports what the gated executor does (core.PromptScorer).
+func (g *gate) ScoresPrompts() bool {
+	ps, ok := g.inner.(core.PromptScorer)
+	return ok && ps.ScoresPrompts()
+}
+
 // modelLoader loads a random-weight model for any path but "missing"; it
 // counts Close calls and exposes the executor gate of the last engine.
 type modelLoader struct {

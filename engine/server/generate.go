@@ -35,6 +35,12 @@ type job struct {
 type format interface {
 	// first is the chunk streamed before any output, or nil.
 	first() any
+	// scored receives the prompt's logprobs (core.Delta.PromptLogprobs),
+	// for a completion that echoes its prompt.
+	scored(lps []sample.Logprobs)
+	// held reports whether the format holds output of its own (an echoed
+	// prompt) that the next chunk must carry even without new text.
+	held() bool
 	// chunk is a streamed delta; finish is nil until the last.
 	chunk(text string, ids []int32, lps []sample.Logprobs, finish *string) any
 	// usage is the closing chunk of stream_options.include_usage.
@@ -117,7 +123,7 @@ func (s *Server) completions(c *gin.Context) {
 		logprobs = *req.Logprobs
 	}
 	params, e := buildParams(l, &req.GenerationParams, prompt, genSpec{promptParam: "prompt", maxTokens: req.MaxTokens,
-		maxParam: "max_tokens", defaultMax: 16, logprobs: logprobs, logprobsParam: "logprobs", kvTokens: kvTokens(eng)})
+		maxParam: "max_tokens", defaultMax: 16, logprobs: logprobs, logprobsParam: "logprobs", kvTokens: kvTokens(eng), echo: req.Echo})
 	if e == nil {
 		e = headerPriority(c, &params)
 	}
@@ -125,8 +131,22 @@ func (s *Server) completions(c *gin.Context) {
 		writeError(c, e)
 		return
 	}
-	s.generate(c, &job{engine: eng, params: params, stream: req.Stream, includeUsage: req.IncludeUsage(),
-		format: &completionFormat{head: newHead("cmpl-", l, logprobs)}})
+	f := &completionFormat{head: newHead("cmpl-", l, logprobs)}
+	if req.Echo {
+		// The prompt's logprobs come from the engine, scored as it
+		// computes the prompt.
+		params.PromptLogprobs = logprobs >= 0
+		text := ""
+		switch {
+		case len(req.Prompt.Texts) > 0:
+			text = req.Prompt.Texts[0]
+		case l.Tokenizer != nil:
+			text = l.Tokenizer.Decode(prompt, params.SkipSpecial)
+		}
+		f.echo = newEchoed(&f.head, text, prompt, params.SkipSpecial)
+		f.offset = f.echo.end
+	}
+	s.generate(c, &job{engine: eng, params: params, stream: req.Stream, includeUsage: req.IncludeUsage(), format: f})
 }
 
 func (s *Server) chatCompletions(c *gin.Context) {
@@ -244,6 +264,9 @@ func (s *Server) generate(c *gin.Context, j *job) {
 			if !ok {
 				return
 			}
+			if d.PromptLogprobs != nil {
+				j.format.scored(d.PromptLogprobs)
+			}
 			text.WriteString(d.Text)
 			ids = append(ids, d.IDs...)
 			lps = append(lps, d.Logprobs...)
@@ -280,12 +303,15 @@ func (s *Server) generate(c *gin.Context, j *job) {
 		if !ok {
 			return
 		}
+		if d.PromptLogprobs != nil {
+			j.format.scored(d.PromptLogprobs)
+		}
 		lps := d.Logprobs
 		if len(lps) != len(d.IDs) {
 			lps = nil
 		}
 		if d.Finish == "" {
-			if d.Text == "" && lps == nil {
+			if d.Text == "" && lps == nil && !j.format.held() {
 				continue // held back by the detokenizer or a possible stop string
 			}
 			if !sse.event(j.format.chunk(d.Text, d.IDs, lps, nil)) {
@@ -370,17 +396,92 @@ func (w *sseWriter) flush() { w.c.Writer.Flush() }
 // completionFormat shapes /v1/completions output.
 type completionFormat struct {
 	head
-	offset int // text_offset of the next token
+	offset int // text_offset of the next generated token
+	// echo is the prompt the choice's text starts with; nil without echo.
+	echo *echoed
+}
+
+// echoed is the prompt an echo completion's text starts with, and its
+// tokens for the logprobs.
+type echoed struct {
+	text string
+	ids  []int32
+	// offsets are the prompt tokens' text_offset: where the text decoded
+	// from the tokens before each one ends, within text.
+	offsets []int
+	// end is where the generated text starts, in text_offset terms.
+	end int
+	// lps score the prompt tokens after the first, once the engine sent
+	// them; ready is set when the prompt can go out (with its logprobs
+	// when they are asked for), sent once it has.
+	lps   []sample.Logprobs
+	ready bool
+	sent  bool
+}
+
+// newEchoed prepares the echo of prompt ids whose text is text (the
+// client's text, or the ids decoded). Each token's text_offset is the
+// length of the text the tokens before it decode to (as the generated
+// text is decoded, skipSpecial alike), within text; without a tokenizer
+// the offsets add up the tokens' "token_id:N" names, as the generated
+// tokens' do.
+func newEchoed(h *head, text string, ids []int32, skipSpecial bool) *echoed {
+	e := &echoed{text: text, ids: ids, offsets: make([]int, len(ids)), ready: h.logprobs < 0}
+	if h.tok == nil {
+		for i, id := range ids {
+			e.offsets[i] = e.end
+			name, _ := h.token(id)
+			e.end += len(name)
+		}
+		return e
+	}
+	d := h.tok.NewStreamDecoder(skipSpecial)
+	decoded := 0
+	for i, id := range ids {
+		e.offsets[i] = min(decoded, len(text))
+		decoded += len(d.Add(id))
+	}
+	e.end = len(text)
+	return e
 }
 
 func (f *completionFormat) response(choices []openai.CompletionChoice, u *openai.Usage) *openai.CompletionResponse {
 	return &openai.CompletionResponse{ID: f.id, Object: openai.ObjectTextCompletion, Created: f.created, Model: f.model, Choices: choices, Usage: u}
 }
 
-func (f *completionFormat) first() any { return nil }
+// first is the echoed prompt when nothing more is needed for it (no
+// logprobs asked for): OpenAI streams it first.
+func (f *completionFormat) first() any {
+	if !f.held() {
+		return nil
+	}
+	return f.chunk("", nil, nil, nil)
+}
+
+func (f *completionFormat) scored(lps []sample.Logprobs) {
+	if f.echo != nil {
+		f.echo.lps, f.echo.ready = lps, true
+	}
+}
+
+// promptDone lets the echoed prompt go out with the answer's last chunk
+// even if its logprobs never came (they would be null).
+func (f *completionFormat) promptDone() {
+	if f.echo != nil {
+		f.echo.ready = true
+	}
+}
+
+func (f *completionFormat) held() bool {
+	return f.echo != nil && f.echo.ready && !f.echo.sent
+}
 
 func (f *completionFormat) chunk(text string, ids []int32, lps []sample.Logprobs, finish *string) any {
-	return f.response([]openai.CompletionChoice{{Text: text, Logprobs: f.logprobs(ids, lps), FinishReason: finish}}, nil)
+	if finish != nil {
+		f.promptDone()
+	}
+	text, logprobs := f.withEcho(text, ids, lps)
+	return f.response([]openai.CompletionChoice{{Text: text, Logprobs: logprobs, FinishReason: finish}}, nil)
 }
 
 func (f *completionFormat) usage(u *openai.Usage) any {
@@ -388,25 +489,62 @@ func (f *completionFormat) usage(u *openai.Usage) any {
 }
 
 func (f *completionFormat) final(text string, ids []int32, lps []sample.Logprobs, finish string, u *openai.Usage) any {
-	return f.response([]openai.CompletionChoice{{Text: text, Logprobs: f.logprobs(ids, lps), FinishReason: &finish}}, u)
+	f.promptDone()
+	text, logprobs := f.withEcho(text, ids, lps)
+	return f.response([]openai.CompletionChoice{{Text: text, Logprobs: logprobs, FinishReason: &finish}}, u)
 }
 
-// logprobs is the completions logprobs object; nil unless asked for.
+// withEcho is the text and logprobs of generated output, the echoed
+// prompt's first when it is held.
+func (f *completionFormat) withEcho(text string, ids []int32, lps []sample.Logprobs) (string, *openai.CompletionLogprobs) {
+	generated := f.logprobs(ids, lps)
+	if !f.held() {
+		return text, generated
+	}
+	e := f.echo
+	e.sent = true
+	if f.head.logprobs < 0 {
+		return e.text + text, generated
+	}
+	out := f.promptLogprobs()
+	if generated != nil {
+		out.Tokens = append(out.Tokens, generated.Tokens...)
+		out.TokenLogprobs = append(out.TokenLogprobs, generated.TokenLogprobs...)
+		out.TopLogprobs = append(out.TopLogprobs, generated.TopLogprobs...)
+		out.TextOffset = append(out.TextOffset, generated.TextOffset...)
+	}
+	return e.text + text, out
+}
+
+// newCompletionLogprobs is an empty logprobs object (arrays, not nulls).
+func newCompletionLogprobs() *openai.CompletionLogprobs {
+	return &openai.CompletionLogprobs{Tokens: []string{}, TokenLogprobs: []*float64{}, TopLogprobs: []map[string]float64{}, TextOffset: []int{}}
+}
+
+// entry is one token's logprob and top_logprobs: the alternatives and the
+// token itself, as OpenAI lists it there.
+func (f *completionFormat) entry(tok string, lp sample.Logprobs) (*float64, map[string]float64) {
+	top := map[string]float64{}
+	for _, alt := range lp.Top {
+		at, _ := f.token(alt.ID)
+		top[at] = float64(alt.Logprob)
+	}
+	chosen := float64(lp.Chosen.Logprob)
+	top[tok] = chosen
+	return &chosen, top
+}
+
+// logprobs is the generated tokens' logprobs object; nil unless asked for.
 func (f *completionFormat) logprobs(ids []int32, lps []sample.Logprobs) *openai.CompletionLogprobs {
 	if f.head.logprobs < 0 || lps == nil {
 		return nil
 	}
-	out := &openai.CompletionLogprobs{Tokens: []string{}, TokenLogprobs: []float64{}, TopLogprobs: []map[string]float64{}, TextOffset: []int{}}
+	out := newCompletionLogprobs()
 	for _, lp := range lps {
 		tok, raw := f.token(lp.Chosen.ID)
+		chosen, top := f.entry(tok, lp)
 		out.Tokens = append(out.Tokens, tok)
-		out.TokenLogprobs = append(out.TokenLogprobs, float64(lp.Chosen.Logprob))
-		top := map[string]float64{}
-		for _, alt := range lp.Top {
-			at, _ := f.token(alt.ID)
-			top[at] = float64(alt.Logprob)
-		}
-		top[tok] = float64(lp.Chosen.Logprob)
+		out.TokenLogprobs = append(out.TokenLogprobs, chosen)
 		out.TopLogprobs = append(out.TopLogprobs, top)
 		out.TextOffset = append(out.TextOffset, f.offset)
 		if raw != nil {
@@ -414,6 +552,28 @@ func (f *completionFormat) logprobs(ids []int32, lps []sample.Logprobs) *openai.
 		} else {
 			f.offset += len(tok)
 		}
+	}
+	return out
+}
+
+// promptLogprobs is the echoed prompt's part of the logprobs object: its
+// first token, with no position before it, has null logprobs (as a token
+// the engine did not score would).
+func (f *completionFormat) promptLogprobs() *openai.CompletionLogprobs {
+	e := f.echo
+	out := newCompletionLogprobs()
+	for i, id := range e.ids {
+		tok, _ := f.token(id)
+		out.Tokens = append(out.Tokens, tok)
+		out.TextOffset = append(out.TextOffset, e.offsets[i])
+		if i == 0 || i > len(e.lps) {
+			out.TokenLogprobs = append(out.TokenLogprobs, nil)
+			out.TopLogprobs = append(out.TopLogprobs, nil)
+			continue
+		}
+		chosen, top := f.entry(tok, e.lps[i-1])
+		out.TokenLogprobs = append(out.TokenLogprobs, chosen)
+		out.TopLogprobs = append(out.TopLogprobs, top)
 	}
 	return out
 }
@@ -431,6 +591,12 @@ func (f *chatFormat) first() any {
 	empty := ""
 	return f.chunkOf([]openai.ChatChunkChoice{{Delta: openai.ChatDelta{Role: "assistant", Content: &empty}}}, nil)
 }
+
+// scored ignores prompt logprobs: chat completions do not echo.
+func (f *chatFormat) scored([]sample.Logprobs) {}
+
+// held is false: a chat format holds nothing back.
+func (f *chatFormat) held() bool { return false }
 
 func (f *chatFormat) chunk(text string, ids []int32, lps []sample.Logprobs, finish *string) any {
 	var delta openai.ChatDelta

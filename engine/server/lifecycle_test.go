@@ -120,13 +120,17 @@ func TestLogprobs(t *testing.T) {
 		t.Fatalf("completion logprobs: %+v", lp)
 	}
 	for i, top := range lp.TopLogprobs {
+		if lp.TokenLogprobs[i] == nil {
+			t.Fatalf("token %d: null logprob without echo", i)
+		}
 		// Greedy: the chosen token is the most likely one.
-		best := lp.TokenLogprobs[i]
+		chosen := *lp.TokenLogprobs[i]
+		best := chosen
 		for _, v := range top {
 			best = max(best, v)
 		}
-		if len(top) < 1 || len(top) > 3 || best != lp.TokenLogprobs[i] || lp.TokenLogprobs[i] > 0 {
-			t.Fatalf("token %d: logprob %v, top %v", i, lp.TokenLogprobs[i], top)
+		if len(top) < 1 || len(top) > 3 || best != chosen || chosen > 0 {
+			t.Fatalf("token %d: logprob %v, top %v", i, chosen, top)
 		}
 	}
 	var chat openai.ChatCompletionResponse

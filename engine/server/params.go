@@ -91,6 +91,9 @@ type genSpec struct {
 	// kvTokens is the KV pool's capacity in tokens (0: unknown); a default
 	// max_tokens stays within it.
 	kvTokens int
+	// echo is a completion's echo: max_tokens may then be 0, and the
+	// prompt alone may fill the context.
+	echo bool
 }
 
 // buildParams checks a request against the model and turns it into engine
@@ -103,7 +106,12 @@ func buildParams(l *Loaded, g *openai.GenerationParams, prompt []int32, spec gen
 		return core.Params{}, e
 	}
 	room := l.MaxModelLen - len(prompt)
-	if room < 1 {
+	promptOnly := spec.echo && spec.maxTokens != nil && *spec.maxTokens == 0
+	switch {
+	case promptOnly && room < 0:
+		return core.Params{}, openai.ContextTooLong(spec.promptParam,
+			"%s is too long: %d tokens, the model's context is %d tokens", spec.promptParam, len(prompt), l.MaxModelLen)
+	case !promptOnly && room < 1:
 		return core.Params{}, openai.ContextTooLong(spec.promptParam,
 			"%s is too long: %d tokens, the model's context is %d tokens and must leave room for at least one generated token",
 			spec.promptParam, len(prompt), l.MaxModelLen)
@@ -206,6 +214,9 @@ func submitError(err error) *openai.Error {
 	switch {
 	case errors.Is(err, core.ErrDraining):
 		return openai.Unavailable("the engine is draining and admits no new requests")
+	case errors.Is(err, core.ErrNoPromptLogprobs):
+		// Only an echo with logprobs asks for them.
+		return openai.Unsupported("echo", "echo with logprobs is not supported here: %v", err)
 	case errors.As(err, &fe):
 		return openai.InvalidRequest(fe.Field, "%s", fe.Error())
 	case errors.Is(err, sched.ErrTooLong):

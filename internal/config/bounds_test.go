@@ -43,6 +43,16 @@ func TestBounds(t *testing.T) {
 		{`{"replicas":{"mn":1}}`, "replicas.mn: unknown field"},
 		{`{"buffer":{"capacity":1,"timeoutt":"1s"}}`, "buffer.timeoutt: unknown field"},
 		{`{"Replicas":{"max":2}}`, "Replicas: unknown field"},
+		{`{"rollout":{"canary_percent":101}}`, "rollout.canary_percent: 101"},
+		{`{"rollout":{"canary_percent":-1}}`, "rollout.canary_percent: -1"},
+		{`{"rollout":{"eval":{"file":"../eval.jsonl"}}}`, "rollout.eval.file"},
+		{`{"rollout":{"eval":{"file":"evals/a.jsonl"}}}`, "rollout.eval.file"},
+		{`{"rollout":{"eval":{"file":"e.jsonl","metric":"bleu"}}}`, "rollout.eval.metric"},
+		{`{"rollout":{"eval":{"file":"e.jsonl","max_regression":1.5}}}`, "rollout.eval.max_regression: 1.5"},
+		{`{"rollout":{"eval":{"file":"e.jsonl","metric":"log_likelihood","max_regression":101}}}`, "rollout.eval.max_regression: 101"},
+		{`{"rollout":{"eval":{"max_tokens":0}}}`, "rollout.eval.max_tokens: 0"},
+		{`{"rollout":{"eval":{"timeout":"100ms"}}}`, "rollout.eval.timeout: 100ms"},
+		{`{"rollout":{"eval":{"fle":"e.jsonl"}}}`, "rollout.eval.fle: unknown field"},
 	} {
 		_, err := Parse([]byte(tc.raw))
 		if err == nil || !strings.Contains(err.Error(), tc.field) {
@@ -53,6 +63,8 @@ func TestBounds(t *testing.T) {
 	for _, raw := range []string{
 		`{"replicas":{"min":1024,"max":1024,"sleeping":1024},"target_concurrency":100000,"ttft_slo":"1h","window":"1h","idle_delay":"24h","buffer":{"capacity":1000000,"timeout":"1h"}}`,
 		`{"replicas":{"min":0,"max":1,"sleeping":0},"target_concurrency":0.01,"ttft_slo":"10ms","window":"1s","idle_delay":0,"buffer":{"capacity":0,"timeout":"10ms"}}`,
+		`{"rollout":{"canary_percent":100,"eval":{"file":"eval.jsonl","metric":"log_likelihood","max_regression":100,"max_tokens":4096,"timeout":"24h"}}}`,
+		`{"rollout":{"canary_percent":0,"eval":{"file":"eval.jsonl","metric":"exact_match","max_regression":1,"max_tokens":1,"timeout":"1s"}}}`,
 	} {
 		if _, err := Parse([]byte(raw)); err != nil {
 			t.Errorf("Parse(%s): %v", raw, err)

@@ -5,6 +5,7 @@ package config
 import (
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"math"
 	"reflect"
 	"slices"
@@ -70,7 +71,79 @@ type Spec struct {
 	// Cost is what the deployment costs to run, for the operating cost
 	// per token (stoke_cost_per_1m_tokens); zero leaves it unmeasured.
 	Cost Cost `json:"cost"`
+	// Rollout is how a newly pushed revision replaces the one served:
+	// at once (the default), or first as a canary, promoted by an eval
+	// gate or by hand.
+	Rollout Rollout `json:"rollout"`
 }
+
+// Rollout is a deployment's rollout policy for new revisions. With
+// neither a canary share nor an eval file, a new revision is served at
+// once (replicas of the old one are replaced as the new ones get ready).
+type Rollout struct {
+	// CanaryPercent is the share of the deployment's requests the new
+	// revision serves while it is a canary.
+	//
+	// Bounds: [0, 100]. With no eval file the canary keeps its share until
+	// an operator promotes or rolls it back (as KServe's
+	// canaryTrafficPercent); with one, the gate decides, and 0 runs the
+	// eval with no live traffic on the candidate.
+	CanaryPercent int `json:"canary_percent"`
+	// Eval is the gate a canary must pass to be promoted.
+	Eval Eval `json:"eval"`
+}
+
+// Gated reports whether new revisions go through a canary (with or
+// without an eval gate) instead of being served at once.
+func (r Rollout) Gated() bool { return r.CanaryPercent > 0 || r.Eval.File != "" }
+
+// Eval is a rollout's eval gate: a set of prompts with reference
+// answers scored on the stable and the candidate revision; the candidate
+// is promoted unless its score is lower than the stable's by more than
+// MaxRegression.
+type Eval struct {
+	// File is the eval set, a JSONL file pushed beside the weights (its
+	// name in the pushed directory); each line is {"prompt": …,
+	// "reference": …} with an optional "max_tokens". Empty: no gate.
+	File string `json:"file"`
+	// Metric is how an answer is scored: EvalExactMatch (the greedy
+	// completion, trimmed, equals the trimmed reference; the score is the
+	// fraction that do) or EvalLogLikelihood (the mean log-probability per
+	// token of the reference after the prompt, teacher-forced).
+	Metric string `json:"metric"`
+	// MaxRegression is how much lower than the stable's the candidate's
+	// score may be and still be promoted.
+	//
+	// Bounds: [0, 1] for exact match (a fraction of the set), [0, 100]
+	// for log-likelihood (nats per token; a token's log-probability is
+	// rarely below -20, so 100 already lets any model through).
+	MaxRegression float64 `json:"max_regression"`
+	// MaxTokens caps each exact-match completion (a line's own
+	// max_tokens wins).
+	//
+	// Bounds: [1, 4096]: a reference is an answer, not a book.
+	MaxTokens int `json:"max_tokens"`
+	// Timeout bounds the whole eval, both revisions; past it the
+	// candidate is rejected.
+	//
+	// Bounds: [1s, 24h].
+	Timeout Duration `json:"timeout"`
+}
+
+// The eval metrics.
+const (
+	EvalExactMatch    = "exact_match"
+	EvalLogLikelihood = "log_likelihood"
+)
+
+// Bounds of the rollout's fields.
+const (
+	MaxEvalTokens     = 4096
+	MaxLogLikelihood  = 100
+	MinEvalTimeout    = time.Second
+	MaxEvalTimeout    = 24 * time.Hour
+	DefaultEvalTokens = 32
+)
 
 // Cost is what running a deployment costs.
 type Cost struct {
@@ -167,6 +240,7 @@ func Default() Spec {
 		Window:            Duration(60 * time.Second),
 		IdleDelay:         Duration(30 * time.Second),
 		Buffer:            Buffer{Capacity: 1000, Timeout: Duration(60 * time.Second)},
+		Rollout:           Rollout{Eval: Eval{Metric: EvalExactMatch, MaxTokens: DefaultEvalTokens, Timeout: Duration(10 * time.Minute)}},
 	}
 }
 
@@ -308,6 +382,9 @@ func (s Spec) Validate() error {
 	if v := s.Cost.ReplicaHourlyUSD; math.IsNaN(v) || v < 0 || v > MaxReplicaHourlyUSD {
 		return fieldErr("cost.replica_hourly_usd", "%v is outside [0, %d]", v, MaxReplicaHourlyUSD)
 	}
+	if err := s.Rollout.validate(); err != nil {
+		return err
+	}
 	switch {
 	case s.Buffer.Capacity < 0:
 		return fieldErr("buffer.capacity", "%d is negative", s.Buffer.Capacity)
@@ -315,6 +392,29 @@ func (s Spec) Validate() error {
 		return fieldErr("buffer.capacity", "%d exceeds the limit of %d", s.Buffer.Capacity, MaxBufferCapacity)
 	}
 	return s.Buffer.Timeout.check("buffer.timeout", MinBufferTimeout, MaxBufferTimeout)
+}
+
+func (r Rollout) validate() error {
+	e := r.Eval
+	maxRegression := 1.0
+	switch e.Metric {
+	case EvalExactMatch:
+	case EvalLogLikelihood:
+		maxRegression = MaxLogLikelihood
+	default:
+		return fieldErr("rollout.eval.metric", "%q is not %s or %s", e.Metric, EvalExactMatch, EvalLogLikelihood)
+	}
+	switch {
+	case r.CanaryPercent < 0 || r.CanaryPercent > 100:
+		return fieldErr("rollout.canary_percent", "%d is outside [0, 100]", r.CanaryPercent)
+	case e.File != "" && (!fs.ValidPath(e.File) || e.File == "." || strings.Contains(e.File, "/")):
+		return fieldErr("rollout.eval.file", "%q is not the name of a file in the pushed directory", e.File)
+	case math.IsNaN(e.MaxRegression) || e.MaxRegression < 0 || e.MaxRegression > maxRegression:
+		return fieldErr("rollout.eval.max_regression", "%v is outside [0, %v] for %s", e.MaxRegression, maxRegression, e.Metric)
+	case e.MaxTokens < 1 || e.MaxTokens > MaxEvalTokens:
+		return fieldErr("rollout.eval.max_tokens", "%d is outside [1, %d]", e.MaxTokens, MaxEvalTokens)
+	}
+	return e.Timeout.check("rollout.eval.timeout", MinEvalTimeout, MaxEvalTimeout)
 }
 
 // CheckNode checks the bound that depends on the node the spec is served

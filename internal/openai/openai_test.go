@@ -91,12 +91,27 @@ func TestCheckSupported(t *testing.T) {
 		{"best_of", CompletionRequest{GenerationParams: GenerationParams{BestOf: &two}, Prompt: Prompt{Texts: []string{"a"}}}, "best_of"},
 		{"no prompt", CompletionRequest{}, "prompt"},
 		{"batch", CompletionRequest{Prompt: Prompt{Texts: []string{"a", "b"}}}, "prompt"},
-		{"echo", CompletionRequest{Prompt: Prompt{Texts: []string{"a"}}, Echo: true}, "echo"},
+		{"echo", CompletionRequest{Prompt: Prompt{Texts: []string{"a"}}, Echo: true}, ""},
+		{"echo, max_tokens 0", CompletionRequest{GenerationParams: GenerationParams{MaxTokens: &zero}, Prompt: Prompt{Texts: []string{"a"}}, Echo: true}, ""},
+		{"max_tokens 0 without echo", CompletionRequest{GenerationParams: GenerationParams{MaxTokens: &zero}, Prompt: Prompt{Texts: []string{"a"}}}, "max_tokens"},
+		{"echo with suffix", CompletionRequest{Prompt: Prompt{Texts: []string{"a"}}, Echo: true, Suffix: "b"}, "suffix"},
 	} {
 		e := tc.req.CheckSupported()
 		if (e == nil) != (tc.param == "") || (e != nil && (e.Param != tc.param || e.Status != http.StatusBadRequest)) {
 			t.Errorf("%s: %+v, want param %q", tc.name, e, tc.param)
 		}
+	}
+	for _, tc := range []struct {
+		body, param string
+	}{
+		{`{"messages":[{"role":"user","content":"x"}],"echo":true}`, "echo"},
+		{`{"messages":[{"role":"user","content":"x"}],"echo":false}`, ""},
+	} {
+		var r ChatCompletionRequest
+		if e := Decode([]byte(tc.body), &r); e != nil {
+			t.Fatal(e)
+		}
+		checkParam(t, r.CheckSupported(), tc.param)
 	}
 	var chat ChatCompletionRequest
 	if e := Decode([]byte(`{"messages":[{"role":"user","content":"x"}],"max_tokens":5,"max_completion_tokens":7}`), &chat); e != nil {
@@ -160,6 +175,15 @@ func TestResponsesMarshal(t *testing.T) {
 	b, _ = json.Marshal(usage)
 	if !strings.Contains(string(b), `"choices":[]`) || !strings.Contains(string(b), `"total_tokens":7,"prompt_tokens_details":{"cached_tokens":2}`) {
 		t.Fatalf("usage chunk %s", b)
+	}
+	// An echoed prompt's first token has null logprobs; the rest are
+	// numbers as without echo.
+	lp := -0.5
+	echoed := CompletionLogprobs{Tokens: []string{"A", "a"}, TokenLogprobs: []*float64{nil, &lp},
+		TopLogprobs: []map[string]float64{nil, {"a": -0.5}}, TextOffset: []int{0, 0}}
+	b, _ = json.Marshal(echoed)
+	if string(b) != `{"tokens":["A","a"],"token_logprobs":[null,-0.5],"top_logprobs":[null,{"a":-0.5}],"text_offset":[0,0]}` {
+		t.Fatalf("echoed logprobs %s", b)
 	}
 	final := ChatChunkChoice{Delta: ChatDelta{}, FinishReason: &stop}
 	b, _ = json.Marshal(final)
@@ -240,6 +264,9 @@ func TestEndpointRanges(t *testing.T) {
 		{"logprobs 5", `{"prompt":"x","logprobs":5}`, ""},
 		{"logprobs 6", `{"prompt":"x","logprobs":6}`, "logprobs"},
 		{"logprobs negative", `{"prompt":"x","logprobs":-1}`, "logprobs"},
+		{"echo, max_tokens 0", `{"prompt":"x","echo":true,"max_tokens":0,"logprobs":0}`, ""},
+		{"echo, max_tokens negative", `{"prompt":"x","echo":true,"max_tokens":-1}`, "max_tokens"},
+		{"no echo, max_tokens 0", `{"prompt":"x","echo":false,"max_tokens":0}`, "max_tokens"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var r CompletionRequest

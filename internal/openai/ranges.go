@@ -72,8 +72,14 @@ func first(checks ...*Error) *Error {
 // CheckRanges refuses the first field the two generation endpoints share
 // that is outside its range.
 func (g *GenerationParams) CheckRanges() *Error {
+	return g.checkRanges(intAtLeast("max_tokens", g.MaxTokens, 1, ""))
+}
+
+// checkRanges is CheckRanges with maxTokens, the endpoint's own check of
+// max_tokens, first.
+func (g *GenerationParams) checkRanges(maxTokens *Error) *Error {
 	return first(
-		intAtLeast("max_tokens", g.MaxTokens, 1, ""),
+		maxTokens,
 		floatIn("temperature", g.Temperature, MinTemperature, MaxTemperature),
 		floatIn("top_p", g.TopP, MinTopP, MaxTopP),
 		intAtLeast("n", g.N, 1, ""),
@@ -86,9 +92,14 @@ func (g *GenerationParams) CheckRanges() *Error {
 	)
 }
 
-// CheckRanges extends GenerationParams.CheckRanges with logprobs (0..5).
+// CheckRanges extends GenerationParams.CheckRanges with logprobs (0..5)
+// and lets max_tokens be 0 with echo (the prompt alone, scored).
 func (r *CompletionRequest) CheckRanges() *Error {
-	return first(r.GenerationParams.CheckRanges(),
+	maxTokens := intAtLeast("max_tokens", r.MaxTokens, 1, " (0 only with echo)")
+	if r.Echo {
+		maxTokens = intAtLeast("max_tokens", r.MaxTokens, 0, " (0 with echo returns the prompt alone)")
+	}
+	return first(r.GenerationParams.checkRanges(maxTokens),
 		intIn("logprobs", r.Logprobs, 0, MaxCompletionLogprobs))
 }
 

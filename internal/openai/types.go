@@ -85,9 +85,13 @@ type CompletionRequest struct {
 	Prompt Prompt `json:"prompt"`
 	// Logprobs asks for this many alternatives per token
 	// (0..MaxCompletionLogprobs).
-	Logprobs *int   `json:"logprobs,omitempty"`
-	Echo     bool   `json:"echo,omitempty"`
-	Suffix   string `json:"suffix,omitempty"`
+	Logprobs *int `json:"logprobs,omitempty"`
+	// Echo starts the choice's text with the prompt and, with Logprobs,
+	// its logprobs with the prompt's tokens (the first one's null), as
+	// OpenAI's legacy completions do; max_tokens may then be 0, which
+	// scores the prompt and generates nothing.
+	Echo   bool   `json:"echo,omitempty"`
+	Suffix string `json:"suffix,omitempty"`
 }
 
 // CheckSupported extends GenerationParams.CheckSupported with the
@@ -104,8 +108,6 @@ func (r *CompletionRequest) CheckSupported() *Error {
 		return InvalidRequest("prompt", "prompt is required")
 	case r.Prompt.Len() > 1:
 		return Unsupported("prompt", "prompt must hold one prompt: batches of %d prompts are not supported yet", r.Prompt.Len())
-	case r.Echo:
-		return Unsupported("echo", "echo is not supported")
 	case r.Suffix != "":
 		return Unsupported("suffix", "suffix is not supported")
 	}
@@ -133,6 +135,9 @@ type ChatCompletionRequest struct {
 	AddGenerationPrompt *bool           `json:"add_generation_prompt,omitempty"`
 	Tools               json.RawMessage `json:"tools,omitempty"`
 	ResponseFormat      *ResponseFormat `json:"response_format,omitempty"`
+	// Echo is refused when true: only /v1/completions echoes its prompt
+	// (the field is read so that it is not silently ignored).
+	Echo bool `json:"echo,omitempty"`
 }
 
 // ResponseFormat is "response_format"; only {"type":"text"} is served.
@@ -162,6 +167,8 @@ func (r *ChatCompletionRequest) CheckSupported() *Error {
 		return InvalidRequest("messages", "messages must hold at least one message")
 	case r.TopLogprobs != nil && !r.Logprobs:
 		return InvalidRequest("top_logprobs", "top_logprobs needs logprobs set to true")
+	case r.Echo:
+		return Unsupported("echo", "echo is not supported by chat completions: use /v1/completions with echo to have the prompt (and its logprobs) returned")
 	case len(r.Tools) > 0 && string(r.Tools) != "null" && string(r.Tools) != "[]":
 		return Unsupported("tools", "tools are not supported")
 	case r.ResponseFormat != nil && r.ResponseFormat.Type != "" && r.ResponseFormat.Type != "text":
@@ -190,12 +197,15 @@ func NewUsage(prompt, completion, cached int) *Usage {
 }
 
 // CompletionLogprobs is the completions "logprobs" object: parallel arrays
-// per generated token.
+// per token of the choice's text, the prompt's first when it is echoed.
+// The echoed prompt's first token has no logprob: its TokenLogprobs entry
+// is nil and its TopLogprobs entry a nil map, both JSON null.
 type CompletionLogprobs struct {
 	Tokens        []string             `json:"tokens"`
-	TokenLogprobs []float64            `json:"token_logprobs"`
+	TokenLogprobs []*float64           `json:"token_logprobs"`
 	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
-	TextOffset    []int                `json:"text_offset"`
+	// TextOffset is each token's byte offset in the choice's text.
+	TextOffset []int `json:"text_offset"`
 }
 
 // CompletionChoice is one choice of a completion or of a streamed chunk.

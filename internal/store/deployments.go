@@ -12,9 +12,12 @@ import (
 // Deployment is a served model: the name clients call, the revision it
 // serves and its deployment spec (stoke.yaml as JSON).
 type Deployment struct {
-	Name      string
-	Revision  string
-	Spec      json.RawMessage
+	Name     string
+	Revision string
+	Spec     json.RawMessage
+	// Pinned is set when an operator pinned the revision: a newly pushed
+	// revision is recorded but not deployed until it is unpinned.
+	Pinned    bool
 	UpdatedAt time.Time
 }
 
@@ -31,9 +34,10 @@ func (s *Store) PutDeployment(ctx context.Context, d Deployment) error {
 		return fmt.Errorf("put deployment %s: %w: spec is not JSON", d.Name, ErrInvalid)
 	}
 	return s.tx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO deployments (name, revision, spec, updated_at) VALUES (?, ?, ?, ?)
-			ON CONFLICT (name) DO UPDATE SET revision = excluded.revision, spec = excluded.spec, updated_at = excluded.updated_at`,
-			d.Name, d.Revision, spec, time.Now().UnixMilli())
+		_, err := tx.ExecContext(ctx, `INSERT INTO deployments (name, revision, spec, pinned, updated_at) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (name) DO UPDATE SET revision = excluded.revision, spec = excluded.spec, pinned = excluded.pinned,
+				updated_at = excluded.updated_at`,
+			d.Name, d.Revision, spec, d.Pinned, time.Now().UnixMilli())
 		if err != nil {
 			return fmt.Errorf("put deployment %s: %w", d.Name, err)
 		}
@@ -44,7 +48,7 @@ func (s *Store) PutDeployment(ctx context.Context, d Deployment) error {
 // Deployment returns the deployment called name, or an error wrapping
 // ErrNotFound.
 func (s *Store) Deployment(ctx context.Context, name string) (Deployment, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT name, revision, spec, updated_at FROM deployments WHERE name = ?`, name)
+	row := s.db.QueryRowContext(ctx, `SELECT name, revision, spec, pinned, updated_at FROM deployments WHERE name = ?`, name)
 	d, err := scanDeployment(row.Scan)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Deployment{}, fmt.Errorf("deployment %s: %w", name, ErrNotFound)
@@ -54,7 +58,7 @@ func (s *Store) Deployment(ctx context.Context, name string) (Deployment, error)
 
 // Deployments lists every deployment by name.
 func (s *Store) Deployments(ctx context.Context) ([]Deployment, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, revision, spec, updated_at FROM deployments ORDER BY name`)
+	rows, err := s.db.QueryContext(ctx, `SELECT name, revision, spec, pinned, updated_at FROM deployments ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("list deployments: %w", err)
 	}
@@ -74,7 +78,7 @@ func scanDeployment(scan func(...any) error) (Deployment, error) {
 	var d Deployment
 	var spec string
 	var updated int64
-	if err := scan(&d.Name, &d.Revision, &spec, &updated); err != nil {
+	if err := scan(&d.Name, &d.Revision, &spec, &d.Pinned, &updated); err != nil {
 		return Deployment{}, err
 	}
 	d.Spec, d.UpdatedAt = json.RawMessage(spec), time.UnixMilli(updated)

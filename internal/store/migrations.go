@@ -147,6 +147,44 @@ var migrations = [...]string{
 	`ALTER TABLE usage ADD COLUMN route TEXT NOT NULL DEFAULT '';
 	ALTER TABLE usage ADD COLUMN served TEXT NOT NULL DEFAULT '';
 	ALTER TABLE usage ADD COLUMN fallbacks INTEGER NOT NULL DEFAULT 0;`,
+	// 15: rollouts. A revision may be rejected by a rollout's eval gate
+	// (the revisions table is rebuilt for its CHECK); a deployment may be
+	// pinned to its revision by an operator; a rollout is one candidate
+	// revision's canary against the stable one, at most one in progress
+	// per deployment.
+	`CREATE TABLE revisions_v15 (
+		id         INTEGER PRIMARY KEY AUTOINCREMENT,
+		model      TEXT    NOT NULL,
+		digest     TEXT    NOT NULL,
+		state      TEXT    NOT NULL CHECK (state IN ('validating', 'ready', 'failed', 'rejected')),
+		reason     TEXT    NOT NULL DEFAULT '',
+		source     TEXT    NOT NULL DEFAULT '',
+		manifest   TEXT    NOT NULL DEFAULT '',
+		created_at INTEGER NOT NULL,
+		updated_at INTEGER NOT NULL,
+		UNIQUE (model, digest)
+	);
+	INSERT INTO revisions_v15 (id, model, digest, state, reason, source, manifest, created_at, updated_at)
+		SELECT id, model, digest, state, reason, source, manifest, created_at, updated_at FROM revisions;
+	DROP TABLE revisions;
+	ALTER TABLE revisions_v15 RENAME TO revisions;
+	CREATE INDEX revisions_by_model ON revisions (model, id);
+	ALTER TABLE deployments ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;
+	CREATE TABLE rollouts (
+		id             INTEGER PRIMARY KEY AUTOINCREMENT,
+		deployment     TEXT    NOT NULL,
+		stable         TEXT    NOT NULL,
+		candidate      TEXT    NOT NULL,
+		canary_percent INTEGER NOT NULL,
+		spec           TEXT    NOT NULL DEFAULT '{}',
+		state          TEXT    NOT NULL,
+		reason         TEXT    NOT NULL DEFAULT '',
+		eval           TEXT    NOT NULL DEFAULT '',
+		created_at     INTEGER NOT NULL,
+		updated_at     INTEGER NOT NULL
+	);
+	CREATE INDEX rollouts_by_deployment ON rollouts (deployment, id);
+	CREATE UNIQUE INDEX rollouts_one_canary ON rollouts (deployment) WHERE state = 'canary';`,
 }
 
 // SchemaVersion is the user_version of a database this package has brought

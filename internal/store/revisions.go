@@ -14,7 +14,9 @@ import (
 type RevisionState string
 
 // Revision states. A revision is created validating and moves once, to ready
-// or failed; both are final.
+// or failed, by its validation (SetRevisionState). A ready revision may
+// later fail to load (FailLoadedRevision) or be rejected by a rollout's
+// eval gate (FinishRollout); failed and rejected are final.
 const (
 	// RevisionValidating: recorded, its files are being checked.
 	RevisionValidating RevisionState = "validating"
@@ -22,6 +24,10 @@ const (
 	RevisionReady RevisionState = "ready"
 	// RevisionFailed: a check failed; Reason says which.
 	RevisionFailed RevisionState = "failed"
+	// RevisionRejected: a rollout's eval gate found it worse than the
+	// revision it was to replace; Reason holds the figures. An operator may
+	// still pin it by hand.
+	RevisionRejected RevisionState = "rejected"
 )
 
 // revisionTransitions lists, for each state, the states it may move to.
@@ -29,6 +35,7 @@ var revisionTransitions = map[RevisionState][]RevisionState{
 	RevisionValidating: {RevisionReady, RevisionFailed},
 	RevisionReady:      nil,
 	RevisionFailed:     nil,
+	RevisionRejected:   nil,
 }
 
 // Valid reports whether s is one of the defined states.

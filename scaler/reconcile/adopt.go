@@ -20,7 +20,7 @@ func (c *Controller) adoptReplicas(ctx context.Context) {
 	if c.opts.Runtimes == nil {
 		return
 	}
-	type ready struct{ model, revision string }
+	type ready struct{ pool, model, revision string }
 	var current, stale []ready
 	runtimes := c.opts.Runtimes.Runtimes()
 	c.mu.Lock()
@@ -28,18 +28,19 @@ func (c *Controller) adoptReplicas(ctx context.Context) {
 		if r.State != runtime.StateReady || r.InUse {
 			continue
 		}
-		if d, ok := c.deps[r.Model]; ok && r.Revision == d.d.Revision {
+		// The deployment's pool, or its canary's, that serves this revision.
+		if d := c.ownerLocked(r.Model, r.Model, r.Revision); d != nil && d.d.Revision == r.Revision {
 			d.meter(time.Now())
 			d.pending++ // reconcile counts it as on its way
-			current = append(current, ready{r.Model, r.Revision})
+			current = append(current, ready{d.d.Name, r.Model, r.Revision})
 		} else {
-			stale = append(stale, ready{r.Model, r.Revision})
+			stale = append(stale, ready{r.Model, r.Model, r.Revision})
 		}
 	}
 	c.mu.Unlock()
 	for _, r := range current {
 		c.wg.Add(1)
-		c.acquire(ctx, r.model, r.revision) // t0: the re-adopted replica
+		c.acquire(ctx, r.pool, r.revision) // t0: the re-adopted replica
 	}
 	for _, r := range stale {
 		rep, err := c.opts.Runtimes.Acquire(ctx, r.model, r.revision)

@@ -20,19 +20,35 @@ import (
 
 // set installs or updates the in-memory deployment d.
 func (c *Controller) set(d store.Deployment) error {
-	spec, err := config.Parse(d.Spec)
+	spec, err := c.prepare(d)
 	if err != nil {
 		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.installLocked(d, spec)
+	return nil
+}
+
+// prepare parses d's spec and readies what installLocked relies on.
+func (c *Controller) prepare(d store.Deployment) (config.Spec, error) {
+	spec, err := config.Parse(d.Spec)
+	if err != nil {
+		return config.Spec{}, err
 	}
 	if c.opts.Runtimes != nil {
 		c.opts.Runtimes.SetSleepLimit(d.Name, spec.Replicas.Sleeping)
 	}
 	c.syncLoadState(d)
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	return spec, nil
+}
+
+// installLocked installs or updates deployment d with its parsed spec;
+// callers hold c.mu.
+func (c *Controller) installLocked(d store.Deployment, spec config.Spec) {
 	dep, ok := c.deps[d.Name]
 	if !ok || dep.spec != spec {
-		nd := &deployment{d: d, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{},
+		nd := &deployment{d: d, model: d.Name, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{},
 			draining: map[string]bool{}}
 		now := time.Now()
 		nd.cost.since = now
@@ -42,43 +58,66 @@ func (c *Controller) set(d store.Deployment) error {
 			nd.cost = dep.cost
 		}
 		c.deps[d.Name] = nd
-		return nil
+		return
 	}
 	dep.d = d
-	return nil
 }
 
 // OnRevision records a revision the watcher validated: a ready one
 // becomes what its model's deployment serves, with the spec pushed beside
-// it (or the deployment's current one, or the defaults).
+// it (or the deployment's current one, or the defaults) — at once, or
+// first as a canary when that spec's rollout is gated (rollout.go). A
+// pinned deployment stays on its revision.
 func (c *Controller) OnRevision(r store.Revision) {
 	if r.State != store.RevisionReady {
 		return
 	}
 	ctx := context.Background()
 	spec := json.RawMessage("{}")
-	if cur, err := c.opts.Store.Deployment(ctx, r.Model); err == nil {
+	cur, err := c.opts.Store.Deployment(ctx, r.Model)
+	exists := err == nil
+	if exists {
 		spec = cur.Spec
 	}
 	if m, err := manifest.Parse(r.Manifest); err == nil && len(m.Spec) > 0 {
 		spec = m.Spec
 	}
-	if _, err := c.parseSpec(spec); err != nil {
+	parsed, err := c.parseSpec(spec)
+	if err != nil {
 		c.log.Warn("the pushed stoke.yaml is invalid; keeping the defaults", "model", r.Model, "err", err)
-		spec = json.RawMessage("{}")
+		spec, parsed = json.RawMessage("{}"), config.Default()
 	}
-	d := store.Deployment{Name: r.Model, Revision: r.Digest, Spec: spec}
-	if err := c.opts.Store.PutDeployment(ctx, d); err != nil {
-		c.log.Error("record deployment", "deployment", d.Name, "err", err)
+	switch {
+	case exists && cur.Pinned:
+		c.log.Info("deployment is pinned; the new revision is recorded, not deployed", "deployment", r.Model,
+			"revision", r.Digest, "pinned", cur.Revision)
 		return
+	case exists && cur.Revision == r.Digest:
+		return
+	case exists && parsed.Rollout.Gated():
+		c.startRollout(ctx, cur, r.Digest, spec, parsed) // rollout.go
+		return
+	}
+	c.endCanary(ctx, r.Model, store.RolloutSuperseded, "revision "+r.Digest+" was deployed at once") // rollout.go
+	d := store.Deployment{Name: r.Model, Revision: r.Digest, Spec: spec}
+	if err := c.deploy(ctx, d); err != nil {
+		c.log.Error("deploy", "deployment", d.Name, "err", err)
+	}
+}
+
+// deploy records d and makes it what its deployment serves: replicas of
+// its revision replace the others as they get ready.
+func (c *Controller) deploy(ctx context.Context, d store.Deployment) error {
+	if err := c.opts.Store.PutDeployment(ctx, d); err != nil {
+		return err
 	}
 	d.UpdatedAt = time.Now()
 	if err := c.set(d); err != nil {
-		c.log.Error("deploy", "deployment", d.Name, "err", err)
-		return
+		return err
 	}
 	c.log.Info("deployment serves a new revision", "deployment", d.Name, "revision", d.Revision)
 	c.prefetch(d.Name, d.Revision)
+	return nil
 }
 
 // Lookup resolves a model name to its deployment's revision and spec.
@@ -191,7 +230,7 @@ func (c *Controller) syncLoadState(d store.Deployment) {
 // failure to load counts, and the MaxLoadFailures-th records the revision
 // as failed in the store. Cancellation and a node out of runtime slots are
 // not the revision's fault and do not count.
-func (c *Controller) noteLoad(ctx context.Context, name, revision string, err error) {
+func (c *Controller) noteLoad(ctx context.Context, name, model, revision string, err error) {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, runtime.ErrNoCapacity) {
 		return
 	}
@@ -234,8 +273,11 @@ func (c *Controller) noteLoad(ctx context.Context, name, revision string, err er
 	if c.opts.Store == nil {
 		return
 	}
-	if err := c.opts.Store.FailLoadedRevision(context.WithoutCancel(ctx), name, revision, reason); err != nil {
+	if err := c.opts.Store.FailLoadedRevision(context.WithoutCancel(ctx), model, revision, reason); err != nil {
 		c.log.Warn("record the revision as failed", "deployment", name, "revision", revision, "err", err)
+	}
+	if name != model { // a canary's candidate: its rollout ends here
+		c.endCanary(context.WithoutCancel(ctx), model, store.RolloutRejected, reason)
 	}
 }
 

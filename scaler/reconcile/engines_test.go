@@ -109,3 +109,4 @@ func (idleRouter) QueueWaitP90(string) time.Duration             { return 0 }
 func (idleRouter) Traffic(string) (int64, time.Duration)         { return 0, 0 }
 func (idleRouter) Tokens(string) int64                           { return 0 }
 func (idleRouter) PreemptBatch(string, string, string) int       { return 0 }
+func (idleRouter) SetCanary(string, string, int)                 {}

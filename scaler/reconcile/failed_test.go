@@ -155,18 +155,18 @@ func TestLoadFailuresMustBeConsecutive(t *testing.T) {
 	ctx := context.Background()
 	loadErr := errors.New("load failed")
 	for range MaxLoadFailures - 1 {
-		c.noteLoad(ctx, "m", "r1", loadErr)
+		c.noteLoad(ctx, "m", "m", "r1", loadErr)
 	}
-	c.noteLoad(ctx, "m", "r1", nil)
+	c.noteLoad(ctx, "m", "m", "r1", nil)
 	for range MaxLoadFailures - 1 {
-		c.noteLoad(ctx, "m", "r1", loadErr)
+		c.noteLoad(ctx, "m", "m", "r1", loadErr)
 	}
-	c.noteLoad(ctx, "m", "r1", context.Canceled)
-	c.noteLoad(ctx, "m", "r1", runtime.ErrNoCapacity)
+	c.noteLoad(ctx, "m", "m", "r1", context.Canceled)
+	c.noteLoad(ctx, "m", "m", "r1", runtime.ErrNoCapacity)
 	if c.skipFailed("m", "r1") {
 		t.Fatal("failed after non-consecutive load failures")
 	}
-	c.noteLoad(ctx, "m", "r1", loadErr)
+	c.noteLoad(ctx, "m", "m", "r1", loadErr)
 	if !c.skipFailed("m", "r1") {
 		t.Fatal("not failed after consecutive load failures")
 	}

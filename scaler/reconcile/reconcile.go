@@ -82,6 +82,9 @@ type Router interface {
 	// PreemptBatch cancels the batch requests on one of its replicas
 	// with reason and returns how many; their runners requeue them.
 	PreemptBatch(deployment, replicaID, reason string) int
+	// SetCanary gives pool (whose replicas serve deployment's candidate
+	// revision) percent of deployment's requests; "" ends the canary.
+	SetCanary(deployment, pool string, percent int)
 }
 
 // Decider decides one deployment's replica count (scaler.Autoscaler).
@@ -151,6 +154,15 @@ type Options struct {
 	// cache in the background when it is deployed, so that its first
 	// cold start reads the node cache (T2) instead of the bucket (T3).
 	Prefetch func(ctx context.Context, model, revision string) error
+	// ReadFile reads one file of a model's revision (a rollout's eval
+	// set), checked against the revision's manifest.
+	ReadFile func(ctx context.Context, model, revision, name string) ([]byte, error)
+	// Evaluate answers a completions request body on one revision of a
+	// deployment, its stable or its canary one (the activator, with the
+	// model pinned to that revision), for the rollouts' eval gates. With
+	// no Evaluate or ReadFile a gated canary waits to be promoted or
+	// rolled back by hand.
+	Evaluate func(ctx context.Context, deployment, revision string, body []byte) (status int, answer []byte, err error)
 	Logger   *slog.Logger
 }
 
@@ -166,6 +178,8 @@ type Controller struct {
 
 	mu   sync.Mutex
 	deps map[string]*deployment
+	// rollouts is the rollouts in canary, by deployment (rollout.go).
+	rollouts map[string]*rolloutRun
 	// loads counts each deployment's consecutive load failures
 	// (deployments.go); it has its own lock.
 	loads       loadBook
@@ -181,9 +195,14 @@ type Controller struct {
 	prefetching map[string]chan struct{}
 }
 
-// deployment is the controller's state of one deployment.
+// deployment is the controller's state of one deployment, or of one
+// deployment's canary (rollout.go): a pool of replicas of one revision,
+// scaled by its own autoscaler.
 type deployment struct {
-	d        store.Deployment
+	d store.Deployment
+	// model is the model its replicas load and their engines serve: the
+	// deployment's name (d.Name is the canary pool's for a canary).
+	model    string
 	spec     config.Spec
 	decider  Decider
 	replicas map[string]*runtime.Replica
@@ -212,6 +231,20 @@ func (d *deployment) serving() []string {
 	return ids
 }
 
+// byRevision splits the replicas serving into those of the revision it
+// serves now and the stale ones, of a revision it served before: a new
+// revision replaces them as its own replicas get ready.
+func (d *deployment) byRevision() (current, stale []string) {
+	for _, id := range d.serving() {
+		if d.replicas[id].Revision == d.d.Revision {
+			current = append(current, id)
+		} else {
+			stale = append(stale, id)
+		}
+	}
+	return current, stale
+}
+
 // forget drops replica id from its books at now, reporting whether it
 // was there.
 func (d *deployment) forget(now time.Time, id string) bool {
@@ -236,6 +269,7 @@ func New(ctx context.Context, opts Options) (*Controller, error) {
 		opts.Logger = slog.Default()
 	}
 	c := &Controller{opts: opts, log: opts.Logger.With("component", "reconcile"), pokes: make(chan string, 1024), deps: map[string]*deployment{},
+		rollouts:    map[string]*rolloutRun{},
 		prefetching: map[string]chan struct{}{},
 		coldStarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_cold_starts_total",
 			Help: "Replicas acquired, by deployment and tier (t1 wake, t2 node cache, t3 bucket, t4 runtime start)."}, []string{"deployment", "tier"}),
@@ -278,6 +312,9 @@ func New(ctx context.Context, opts Options) (*Controller, error) {
 		if r, err := opts.Store.LatestReady(ctx, m); err == nil {
 			c.OnRevision(r)
 		}
+	}
+	if err := c.recoverRollouts(ctx); err != nil { // rollout.go
+		return nil, fmt.Errorf("resume canaries: %w", err)
 	}
 	return c, nil
 }
@@ -422,21 +459,27 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 	d.last = dec
 	var start int
 	var release []string
-	serving := d.serving()
+	current, stale := d.byRevision()
+	busy := func(id string) int { return c.opts.Router.InFlight(name, id) }
 	switch {
-	case dec.Desired > len(serving)+d.pending:
+	case dec.Desired > len(current)+d.pending:
 		want := dec.Desired
 		if c.opts.Slots > 0 {
 			want = min(want, c.opts.Slots) // more could never get a slot
 		}
-		start = max(0, want-len(serving)-d.pending)
+		start = max(0, want-len(current)-d.pending)
 		d.meter(now)
 		d.pending += start
-	case dec.Desired < len(serving):
-		release = leastBusy(serving, len(serving)-dec.Desired, func(id string) int { return c.opts.Router.InFlight(name, id) })
-		for _, id := range release {
-			d.draining[id] = true
-		}
+	case dec.Desired < len(current):
+		release = leastBusy(current, len(current)-dec.Desired, busy)
+	}
+	// Replicas of the revision served before keep serving until enough of
+	// the new one are ready.
+	if len(stale) > 0 && len(current) >= dec.Desired {
+		release = append(release, stale...)
+	}
+	for _, id := range release {
+		d.draining[id] = true
 	}
 	revision := d.d.Revision
 	c.mu.Unlock()
@@ -448,6 +491,24 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 		c.wg.Add(1)
 		go c.release(ctx, name, id)
 	}
+}
+
+// ownerLocked is the pool a replica of model at revision, acquired for
+// pool name, belongs to: name while it serves that revision, else the
+// pool that does (a canary's replica lands in its deployment once
+// promoted), else name all the same (a stale replica, which reconcile
+// replaces); nil when there is none. Callers hold c.mu.
+func (c *Controller) ownerLocked(name, model, revision string) *deployment {
+	d := c.deps[name]
+	if d != nil && d.d.Revision == revision {
+		return d
+	}
+	for _, o := range c.deps {
+		if o.model == model && o.d.Revision == revision {
+			return o
+		}
+	}
+	return d
 }
 
 // leastBusy picks the n replicas a scale-down releases: those with the
@@ -469,12 +530,45 @@ func (c *Controller) acquire(ctx context.Context, name, revision string) {
 	if c.skipFailed(name, revision) { // deployments.go: a revision that does not load is not retried
 		return
 	}
-	rep, err := c.opts.Runtimes.Acquire(ctx, name, revision)
-	c.noteLoad(ctx, name, revision, err) // deployments.go: counts consecutive load failures
 	c.mu.Lock()
-	d := c.deps[name]
-	d.meter(time.Now())
-	d.pending--
+	model := name
+	if d := c.deps[name]; d != nil {
+		model = d.model
+	}
+	c.mu.Unlock()
+	rep, err := c.opts.Runtimes.Acquire(ctx, model, revision)
+	c.noteLoad(ctx, name, model, revision, err) // deployments.go: counts consecutive load failures
+	c.mu.Lock()
+	if d := c.deps[name]; d != nil {
+		d.meter(time.Now())
+		d.pending--
+	}
+	// The pool may have ended meanwhile (a canary promoted or rolled
+	// back): the replica goes to whichever pool serves its revision now,
+	// or back to the manager.
+	owner := c.ownerLocked(name, model, revision)
+	if owner == nil {
+		c.mu.Unlock()
+		if err == nil {
+			c.log.Info("replica no longer wanted; released", "deployment", name, "runtime", rep.ID)
+			if err := c.opts.Runtimes.Release(ctx, rep.ID); err != nil {
+				c.log.Warn("release a replica", "deployment", name, "runtime", rep.ID, "err", err)
+			}
+		}
+		return
+	}
+	d := owner
+	name = d.d.Name
+	if errors.Is(err, runtime.ErrNoCapacity) {
+		// Replicas of the revision served before hold slots the new one
+		// needs: one goes now.
+		if _, stale := d.byRevision(); len(stale) > 0 {
+			id := leastBusy(stale, 1, func(id string) int { return c.opts.Router.InFlight(name, id) })[0]
+			d.draining[id] = true
+			c.wg.Add(1)
+			go c.release(ctx, name, id)
+		}
+	}
 	// A re-adopted ready replica (t0) is no cold start: neither the
 	// autoscaler's cold-start time nor the cold-start series hear of it.
 	cold := err == nil && rep.Tier != tier.Hot
@@ -512,7 +606,9 @@ func (c *Controller) release(ctx context.Context, name, id string) {
 	defer c.wg.Done()
 	c.opts.Router.RemoveReplica(ctx, name, id)
 	c.mu.Lock()
-	c.deps[name].forget(time.Now(), id)
+	if d := c.deps[name]; d != nil {
+		d.forget(time.Now(), id)
+	}
 	c.mu.Unlock()
 	if err := c.opts.Runtimes.Release(ctx, id); err != nil {
 		c.log.Warn("release a replica", "deployment", name, "runtime", id, "err", err)
