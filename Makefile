@@ -24,12 +24,14 @@ run: build
 # Test dependencies: the MinIO server the weight-store tests run against
 # (built once with `go install`, a few minutes the first time), AWS's EC2
 # instance metadata mock for the spot interruption tests (`go install` too,
-# seconds), and Debian's containerd and runc for the node-cache tests (each
-# test starts its own private containerd).
+# seconds), Debian's containerd and runc for the node-cache tests (each
+# test starts its own private containerd), and Debian's prometheus and
+# promtool for the monitoring rules and dashboard test (a private server).
 deps:
 	@GO=$(GO) sh ./scripts/install-minio.sh
 	@GO=$(GO) sh ./scripts/install-ec2-metadata-mock.sh
 	@sh ./scripts/install-containerd.sh
+	@sh ./scripts/install-prometheus.sh
 
 # Every package runs twice: once as it is, once under the race detector
 # with -short (which leaves out the slowest end-to-end cases), ./cmd

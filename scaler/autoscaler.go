@@ -340,10 +340,10 @@ func (a *Autoscaler) predictiveFloor(t int64, latency time.Duration) (int, strin
 	if latency <= 0 {
 		latency = a.cfg.AvgLatency
 	}
-	if latency <= 0 {
+	if latency <= 0 || a.cfg.NoPrediction {
 		return 0, ""
 	}
-	at := t + int64(a.cfg.ColdStart)
+	at := t + int64(a.cfg.ColdStart+a.cfg.Lead)
 	rate, ok := a.arrivals.rate(at)
 	if !ok {
 		return 0, ""
@@ -360,7 +360,7 @@ func (a *Autoscaler) predictiveFloor(t int64, latency time.Duration) (int, strin
 	}
 	n := ceilCount(rate * latency.Seconds() / a.cfg.TargetConcurrency)
 	return n, fmt.Sprintf("predictive: %s %.2f req/s at +%v × latency %v / target %s → %d",
-		what, rate, round(a.cfg.ColdStart), round(latency), num(a.cfg.TargetConcurrency), n)
+		what, rate, round(a.cfg.ColdStart+a.cfg.Lead), round(latency), num(a.cfg.TargetConcurrency), n)
 }
 
 // round rounds a duration for a Reason: to whole seconds from 10 s, to

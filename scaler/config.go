@@ -78,6 +78,14 @@ type Config struct {
 	// replica; the forecaster looks this far ahead. Zero looks at the
 	// current forecast bucket only.
 	ColdStart time.Duration
+	// Lead is added to ColdStart for how far ahead the predictive floor
+	// looks: the time between two decisions, so that a floor the forecast
+	// raises is acted on a cold start before the demand, not up to one
+	// decision later. Zero adds nothing.
+	Lead time.Duration
+	// NoPrediction turns the predictive floor off: replicas follow the
+	// demand seen, never the forecast.
+	NoPrediction bool
 	// AvgLatency is the mean request duration used by the predictive floor
 	// (Little's law) when Signals.AvgLatency is zero. When both are zero the
 	// predictive floor is off.
@@ -182,6 +190,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("scaler config: KVUsageHigh %v must be in (0, 1]", c.KVUsageHigh)
 	case c.ColdStart < 0:
 		return fmt.Errorf("scaler config: ColdStart %v must not be negative", c.ColdStart)
+	case c.Lead < 0:
+		return fmt.Errorf("scaler config: Lead %v must not be negative", c.Lead)
 	case c.AvgLatency < 0:
 		return fmt.Errorf("scaler config: AvgLatency %v must not be negative", c.AvgLatency)
 	case c.Granularity < 0 || c.Granularity > c.PanicWindow:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -16,21 +17,26 @@ import (
 // store's usage journal) before record returns, and reaches the usage
 // table in the store's group commits, off the request's path.
 type usageLog struct {
-	st     *store.Store
-	log    *slog.Logger
-	tokens *prometheus.CounterVec
-	cost   *prometheus.CounterVec
+	st       *store.Store
+	log      *slog.Logger
+	requests *prometheus.CounterVec
+	tokens   *prometheus.CounterVec
+	cost     *prometheus.CounterVec
 }
 
 func newUsageLog(st *store.Store, log *slog.Logger, reg prometheus.Registerer) *usageLog {
-	u := &usageLog{st: st, log: log, tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_tenant_tokens_total",
-		Help: "Tokens answered, by tenant id, model and kind (prompt or completion), as recorded in the usage records."},
-		[]string{"tenant", "model", "kind"}),
+	u := &usageLog{st: st, log: log,
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_tenant_requests_total",
+			Help: "Requests admitted, by tenant id, the model (deployment or provider) that answered and HTTP status code."},
+			[]string{"tenant", "model", "code"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_tenant_tokens_total",
+			Help: "Tokens answered, by tenant id, the model that answered and kind (prompt or completion), as recorded in the usage records."},
+			[]string{"tenant", "model", "kind"}),
 		cost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_tenant_cost_usd_total",
-			Help: "What the answered tokens cost, in US dollars at their deployments' prices, by tenant id and model."},
+			Help: "What the answered tokens cost tenants, in US dollars at the prices they were admitted at, by tenant id and the model that answered."},
 			[]string{"tenant", "model"})}
 	if reg != nil {
-		reg.MustRegister(u.tokens, u.cost)
+		reg.MustRegister(u.requests, u.tokens, u.cost)
 	}
 	return u
 }
@@ -45,9 +51,14 @@ func (u *usageLog) record(r store.UsageRecord) error {
 	if tenant == "" {
 		tenant = "none"
 	}
-	u.tokens.WithLabelValues(tenant, r.Model, "prompt").Add(float64(r.PromptTokens))
-	u.tokens.WithLabelValues(tenant, r.Model, "completion").Add(float64(r.CompletionTokens))
-	u.cost.WithLabelValues(tenant, r.Model).Add(float64(r.CostMicroUSD) / 1e6)
+	model := r.Served // a routed request's answerer, not the route's first choice
+	if model == "" {
+		model = r.Model
+	}
+	u.requests.WithLabelValues(tenant, model, strconv.Itoa(r.Status)).Inc()
+	u.tokens.WithLabelValues(tenant, model, "prompt").Add(float64(r.PromptTokens))
+	u.tokens.WithLabelValues(tenant, model, "completion").Add(float64(r.CompletionTokens))
+	u.cost.WithLabelValues(tenant, model).Add(float64(r.CostMicroUSD) / 1e6)
 	return nil
 }
 

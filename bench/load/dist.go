@@ -101,6 +101,7 @@ func (d Dist) Mean() float64 {
 	return d.a
 }
 
+// String is the distribution as ParseDist reads it.
 func (d Dist) String() string {
 	switch d.kind {
 	case "uniform":

@@ -169,7 +169,7 @@ func TestRunCountsAndSends(t *testing.T) {
 	out, _ := ParseDist("2")
 	for _, o := range []Options{{Rate: 500, Requests: 40}, {Concurrency: 4, Requests: 40}} {
 		got.Store(0)
-		o.URL, o.Model, o.APIKey, o.Input, o.Output, o.Seed = srv.URL, "m", "k", in, out, 7
+		o.URL, o.Models, o.APIKey, o.Input, o.Output, o.Seed = srv.URL, OneModel("m"), "k", in, out, 7
 		results, d, err := Run(context.Background(), o)
 		if err != nil {
 			t.Fatal(err)
@@ -178,5 +178,52 @@ func TestRunCountsAndSends(t *testing.T) {
 		if rep.Completed != 40 || got.Load() != 40 || rep.TotalOutputTokens != 80 || rep.TotalInputTokens != 200 {
 			t.Fatalf("%+v: report %+v, server saw %d", o, rep, got.Load())
 		}
+	}
+}
+
+// BenchmarkReadStream measures the load generator's own cost per streamed
+// answer: a chat stream of 64 token events, a usage event and [DONE].
+func BenchmarkReadStream(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"chat","choices":[{"index":0,"delta":{"role":"assistant"}}]}` + "\n\n")
+	for range 64 {
+		sb.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"chat","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	}
+	sb.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"chat","choices":[],"usage":{"prompt_tokens":512,"completion_tokens":64,"total_tokens":576}}` + "\n\ndata: [DONE]\n\n")
+	stream := sb.String()
+	b.ReportAllocs()
+	b.SetBytes(int64(len(stream)))
+	for b.Loop() {
+		r := readStream(strings.NewReader(stream), Result{Sent: t0, Status: 200}, time.Now)
+		if len(r.Events) != 64 || r.OutputTokens != 64 {
+			b.Fatalf("%d events, %d tokens", len(r.Events), r.OutputTokens)
+		}
+	}
+}
+
+// TestReadStreamLayouts: the undecoded fast path and the decoded one agree:
+// compact token events, spaced JSON (as Python's json.dumps writes it), an
+// empty content, and text in the same event as the usage.
+func TestReadStreamLayouts(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		events []string
+		texts  int
+		tokens int
+	}{
+		{"compact", []string{`{"choices":[{"delta":{"role":"assistant","content":""}}]}`, `{"choices":[{"delta":{"content":"a"}}]}`,
+			`{"choices":[{"delta":{"content":"\"b"}}]}`}, 2, 2},
+		{"spaced", []string{`{"choices": [{"delta": {"content": "a"}}]}`, `{"choices": [{"delta": {"content": ""}}]}`,
+			`{"choices": [{"text": "b"}], "usage": null}`}, 2, 2},
+		{"text with usage", []string{`{"choices":[{"text":"a"}]}`, `{"choices":[{"text":"b"}],"usage":{"prompt_tokens":3,"completion_tokens":5}}`}, 2, 5},
+		{"logprobs content array", []string{`{"choices":[{"delta":{"content":"a"},"logprobs":{"content":[{"token":"a"}]}}]}`}, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stream := "data: " + strings.Join(tc.events, "\n\ndata: ") + "\n\ndata: [DONE]\n\n"
+			r := readStream(strings.NewReader(stream), Result{Sent: t0, Status: 200}, time.Now)
+			if len(r.Events) != tc.texts || r.OutputTokens != tc.tokens {
+				t.Fatalf("%d text events, %d tokens; want %d and %d", len(r.Events), r.OutputTokens, tc.texts, tc.tokens)
+			}
+		})
 	}
 }

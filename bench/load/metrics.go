@@ -16,6 +16,8 @@ type Result struct {
 	Sent   time.Time
 	Events []time.Time
 	End    time.Time
+	// Model is the model the request named.
+	Model string
 	// InputTokens and OutputTokens are the usage the server reported
 	// (OutputTokens falls back to the events counted).
 	InputTokens, OutputTokens int
@@ -115,7 +117,10 @@ func percentile(sorted []float64, p float64) float64 {
 }
 
 // Report is a run's summary, under `vllm bench serve`'s names where it
-// has them.
+// has them. RequestGoodput is the rate of requests that completed within
+// the SLO (DistServe's goodput, as vLLM's bench computes it);
+// SLOAttainment the fraction of all requests sent, failed ones included,
+// that did.
 type Report struct {
 	Duration             float64        `json:"duration"`
 	Completed            int            `json:"completed"`
@@ -125,17 +130,39 @@ type Report struct {
 	TotalOutputTokens    int            `json:"total_output_tokens"`
 	RequestThroughput    float64        `json:"request_throughput"`
 	RequestGoodput       float64        `json:"request_goodput"`
+	SLOAttainment        float64        `json:"slo_attainment"`
 	OutputThroughput     float64        `json:"output_throughput"`
 	TotalTokenThroughput float64        `json:"total_token_throughput"`
 	TTFT                 Stats          `json:"ttft_ms"`
 	TPOT                 Stats          `json:"tpot_ms"`
 	ITL                  Stats          `json:"itl_ms"`
 	E2E                  Stats          `json:"e2el_ms"`
+	// Models breaks the run down by the model requests named (each in
+	// this shape, over the whole run's duration; absent within itself).
+	Models map[string]Report `json:"models,omitempty"`
 }
 
 // Summarize reports results of a run that lasted duration, goodput
-// against slo.
+// against slo, with a breakdown by model when the results name models.
 func Summarize(results []Result, duration time.Duration, slo SLO) Report {
+	rep := summarize(results, duration, slo)
+	byModel := map[string][]Result{}
+	for _, r := range results {
+		if r.Model != "" {
+			byModel[r.Model] = append(byModel[r.Model], r)
+		}
+	}
+	if len(byModel) > 0 {
+		rep.Models = make(map[string]Report, len(byModel))
+		for m, rs := range byModel {
+			rep.Models[m] = summarize(rs, duration, slo)
+		}
+	}
+	return rep
+}
+
+// summarize is Summarize without the breakdown.
+func summarize(results []Result, duration time.Duration, slo SLO) Report {
 	rep := Report{Duration: duration.Seconds(), Errors: map[string]int{}}
 	var ttft, tpot, itl, e2e []time.Duration
 	good := 0
@@ -161,6 +188,9 @@ func Summarize(results []Result, duration time.Duration, slo SLO) Report {
 		if slo.meets(r) {
 			good++
 		}
+	}
+	if n := rep.Completed + rep.Failed; n > 0 {
+		rep.SLOAttainment = float64(good) / float64(n)
 	}
 	if s := duration.Seconds(); s > 0 {
 		rep.RequestThroughput = float64(rep.Completed) / s

@@ -48,7 +48,7 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log debug messages")
 	root.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the command to this file")
 	root.PersistentFlags().MarkHidden("cpuprofile")
-	root.AddCommand(newModelCmd(), newGenerateCmd(), newEngineCmd(), newPushCmd(), newPullCmd(), newWatchCmd(), newImagesCmd(), newServeCmd(), newBenchCmd(), newBatchCmd(), newAdminCmd(), newRouteCmd(), newDeploymentCmd())
+	root.AddCommand(newModelCmd(), newGenerateCmd(), newEngineCmd(), newPushCmd(), newPullCmd(), newWatchCmd(), newImagesCmd(), newServeCmd(), newBenchCmd(), newBatchCmd(), newAdminCmd(), newRouteCmd(), newDeploymentCmd(), newPlanCmd())
 	return root
 }
 

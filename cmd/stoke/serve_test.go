@@ -148,7 +148,8 @@ func getJSON(t testing.TB, url string, v any) {
 	}
 }
 
-// coldStarts reads stoke_cold_starts_total by tier for a deployment.
+// coldStarts reads stoke_cold_starts_total by tier for a deployment (the
+// causes summed).
 func coldStarts(t *testing.T, base, deployment string) map[string]float64 {
 	t.Helper()
 	resp, err := http.Get(base + "/metrics")
@@ -167,7 +168,7 @@ func coldStarts(t *testing.T, base, deployment string) map[string]float64 {
 		tier := line[i+6 : i+8]
 		var v float64
 		fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
-		out[tier] = v
+		out[tier] += v // over the causes
 	}
 	return out
 }

@@ -66,6 +66,9 @@ type Profile struct {
 	Model string
 	// Hardware describes the GPUs the numbers are for.
 	Hardware string
+	// Accelerators is how many GPUs one replica of the profile holds (its
+	// tensor-parallel degree); 1 when the file leaves it out.
+	Accelerators int
 	// Sources says where each number comes from: published figures quoted
 	// with their titles and addresses, and derivations marked as such.
 	Sources []string
@@ -163,6 +166,7 @@ func (p Profile) problems() []problem {
 		{"max_num_seqs", p.MaxNumSeqs},
 		{"max_model_len", p.MaxModelLen},
 		{"vocab_size", p.VocabSize},
+		{"accelerators", p.Accelerators},
 	} {
 		if f.value <= 0 {
 			bad(f.name, "must be positive, got %d", f.value)
@@ -251,6 +255,7 @@ type fileProfile struct {
 	MaxNumSeqs            *int      `json:"max_num_seqs" yaml:"max_num_seqs"`
 	MaxModelLen           *int      `json:"max_model_len" yaml:"max_model_len"`
 	VocabSize             *int      `json:"vocab_size" yaml:"vocab_size"`
+	Accelerators          *int      `json:"accelerators" yaml:"accelerators"`
 }
 
 func parseProfile(what string, data []byte, isJSON bool) (Profile, error) {
@@ -318,6 +323,10 @@ func parseProfile(what string, data []byte, isJSON bool) (Profile, error) {
 	num("max_num_seqs", raw.MaxNumSeqs, &p.MaxNumSeqs)
 	num("max_model_len", raw.MaxModelLen, &p.MaxModelLen)
 	num("vocab_size", raw.VocabSize, &p.VocabSize)
+	p.Accelerators = 1
+	if raw.Accelerators != nil {
+		p.Accelerators = *raw.Accelerators
+	}
 	for _, pr := range p.problems() {
 		if !reported[pr.field] {
 			probs = append(probs, pr)

@@ -206,6 +206,7 @@ var wantTestProfile = Profile{
 	Name:                  "test-profile",
 	Model:                 "test/model",
 	Hardware:              "1x imaginary GPU",
+	Accelerators:          1,
 	Sources:               []string{"made up for a test"},
 	StepOverhead:          5 * time.Millisecond,
 	PrefillPerToken:       20 * time.Microsecond,

@@ -43,6 +43,11 @@ func TestBounds(t *testing.T) {
 		{`{"replicas":{"mn":1}}`, "replicas.mn: unknown field"},
 		{`{"buffer":{"capacity":1,"timeoutt":"1s"}}`, "buffer.timeoutt: unknown field"},
 		{`{"Replicas":{"max":2}}`, "Replicas: unknown field"},
+		{`{"forecast":{"period":"5s"}}`, "forecast.period: 5s"},
+		{`{"forecast":{"period":"200h"}}`, "forecast.period: 200h0m0s"},
+		{`{"forecast":{"period":"60s","bucket":"500ms"}}`, "forecast.bucket: 500ms"},
+		{`{"forecast":{"period":"60s","bucket":"2m"}}`, "forecast.bucket: 2m0s"},
+		{`{"forecast":{"period":"60s","bucket":"7s"}}`, "forecast.period: 1m0s is not a whole number of buckets"},
 		{`{"rollout":{"canary_percent":101}}`, "rollout.canary_percent: 101"},
 		{`{"rollout":{"canary_percent":-1}}`, "rollout.canary_percent: -1"},
 		{`{"rollout":{"eval":{"file":"../eval.jsonl"}}}`, "rollout.eval.file"},
@@ -63,6 +68,8 @@ func TestBounds(t *testing.T) {
 	for _, raw := range []string{
 		`{"replicas":{"min":1024,"max":1024,"sleeping":1024},"target_concurrency":100000,"ttft_slo":"1h","window":"1h","idle_delay":"24h","buffer":{"capacity":1000000,"timeout":"1h"}}`,
 		`{"replicas":{"min":0,"max":1,"sleeping":0},"target_concurrency":0.01,"ttft_slo":"10ms","window":"1s","idle_delay":0,"buffer":{"capacity":0,"timeout":"10ms"}}`,
+		`{"forecast":{"predictive":false,"period":"10s","bucket":"1s"}}`,
+		`{"forecast":{"period":"168h","bucket":"1s"}}`,
 		`{"rollout":{"canary_percent":100,"eval":{"file":"eval.jsonl","metric":"log_likelihood","max_regression":100,"max_tokens":4096,"timeout":"24h"}}}`,
 		`{"rollout":{"canary_percent":0,"eval":{"file":"eval.jsonl","metric":"exact_match","max_regression":1,"max_tokens":1,"timeout":"1s"}}}`,
 	} {

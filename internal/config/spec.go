@@ -71,10 +71,55 @@ type Spec struct {
 	// Cost is what the deployment costs to run, for the operating cost
 	// per token (stoke_cost_per_1m_tokens); zero leaves it unmeasured.
 	Cost Cost `json:"cost"`
+	// Forecast configures the arrival-rate forecast behind the scaler's
+	// predictive floor.
+	Forecast Forecast `json:"forecast"`
 	// Rollout is how a newly pushed revision replaces the one served:
 	// at once (the default), or first as a canary, promoted by an eval
 	// gate or by hand.
 	Rollout Rollout `json:"rollout"`
+}
+
+// Forecast is how the scaler forecasts a deployment's arrivals: additive
+// Holt-Winters over buckets of Bucket, with a season of Period (a day by
+// default: traffic that repeats daily). The predictive floor keeps the
+// replicas the forecast one cold start ahead asks for, so that a
+// recurring rise finds them ready.
+type Forecast struct {
+	// Predictive turns the predictive floor on (the default) or off.
+	Predictive bool `json:"predictive"`
+	// Period is the length of one season.
+	//
+	// Bounds: [10s, 7 days], a whole number of buckets: a week is the
+	// longest cycle traffic has (weekday and weekend), and a season under
+	// ten seconds is noise.
+	Period Duration `json:"period"`
+	// Bucket is the width of one arrival count.
+	//
+	// Bounds: [1s, Period]: below a second the counts are noise, and a
+	// week of one-second buckets is 604,800 numbers, well within what the
+	// scaler keeps.
+	Bucket Duration `json:"bucket"`
+}
+
+// Bounds of the forecast's fields.
+const (
+	MinForecastPeriod = 10 * time.Second
+	MaxForecastPeriod = 7 * 24 * time.Hour
+	MinForecastBucket = time.Second
+)
+
+func (f Forecast) validate() error {
+	if err := f.Period.check("forecast.period", MinForecastPeriod, MaxForecastPeriod); err != nil {
+		return err
+	}
+	if err := f.Bucket.check("forecast.bucket", MinForecastBucket, time.Duration(f.Period)); err != nil {
+		return err
+	}
+	if p, b := time.Duration(f.Period), time.Duration(f.Bucket); p%b != 0 {
+		return fieldErr("forecast.period", "%v is not a whole number of buckets of %v", p, b)
+	}
+	return nil
 }
 
 // Rollout is a deployment's rollout policy for new revisions. With
@@ -240,6 +285,7 @@ func Default() Spec {
 		Window:            Duration(60 * time.Second),
 		IdleDelay:         Duration(30 * time.Second),
 		Buffer:            Buffer{Capacity: 1000, Timeout: Duration(60 * time.Second)},
+		Forecast:          Forecast{Predictive: true, Period: Duration(24 * time.Hour), Bucket: Duration(time.Minute)},
 		Rollout:           Rollout{Eval: Eval{Metric: EvalExactMatch, MaxTokens: DefaultEvalTokens, Timeout: Duration(10 * time.Minute)}},
 	}
 }
@@ -381,6 +427,9 @@ func (s Spec) Validate() error {
 	}
 	if v := s.Cost.ReplicaHourlyUSD; math.IsNaN(v) || v < 0 || v > MaxReplicaHourlyUSD {
 		return fieldErr("cost.replica_hourly_usd", "%v is outside [0, %d]", v, MaxReplicaHourlyUSD)
+	}
+	if err := s.Forecast.validate(); err != nil {
+		return err
 	}
 	if err := s.Rollout.validate(); err != nil {
 		return err

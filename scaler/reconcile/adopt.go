@@ -40,7 +40,7 @@ func (c *Controller) adoptReplicas(ctx context.Context) {
 	c.mu.Unlock()
 	for _, r := range current {
 		c.wg.Add(1)
-		c.acquire(ctx, r.pool, r.revision) // t0: the re-adopted replica
+		c.acquire(ctx, r.pool, r.revision, CauseDemand) // t0: the re-adopted replica (no cold start)
 	}
 	for _, r := range stale {
 		rep, err := c.opts.Runtimes.Acquire(ctx, r.model, r.revision)

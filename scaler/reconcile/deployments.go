@@ -66,8 +66,8 @@ func (c *Controller) installLocked(d store.Deployment, spec config.Spec) {
 // OnRevision records a revision the watcher validated: a ready one
 // becomes what its model's deployment serves, with the spec pushed beside
 // it (or the deployment's current one, or the defaults) — at once, or
-// first as a canary when that spec's rollout is gated (rollout.go). A
-// pinned deployment stays on its revision.
+// first as a canary when that spec's rollout is gated (rollout.go) and the
+// revision served did not fail. A pinned deployment stays on its revision.
 func (c *Controller) OnRevision(r store.Revision) {
 	if r.State != store.RevisionReady {
 		return
@@ -94,7 +94,7 @@ func (c *Controller) OnRevision(r store.Revision) {
 		return
 	case exists && cur.Revision == r.Digest:
 		return
-	case exists && parsed.Rollout.Gated():
+	case exists && parsed.Rollout.Gated() && !c.revisionFailed(ctx, cur):
 		c.startRollout(ctx, cur, r.Digest, spec, parsed) // rollout.go
 		return
 	}
@@ -103,6 +103,13 @@ func (c *Controller) OnRevision(r store.Revision) {
 	if err := c.deploy(ctx, d); err != nil {
 		c.log.Error("deploy", "deployment", d.Name, "err", err)
 	}
+}
+
+// revisionFailed reports whether the revision d serves failed to load for
+// good: there is nothing to compare a new one with, nor to keep serving.
+func (c *Controller) revisionFailed(ctx context.Context, d store.Deployment) bool {
+	r, err := c.opts.Store.Revision(ctx, d.Name, d.Revision)
+	return err == nil && r.State == store.RevisionFailed
 }
 
 // deploy records d and makes it what its deployment serves: replicas of

@@ -87,6 +87,7 @@ func TestReconcileReadsNoEngine(t *testing.T) {
 
 type fixedDecider struct {
 	desired int
+	signal  string // the decision's signal ("" for none)
 	seen    scaler.Signals
 }
 
@@ -96,7 +97,7 @@ func (f *fixedDecider) RecordArrivals(time.Time, int) {}
 func (f *fixedDecider) SetColdStart(time.Duration)    {}
 func (f *fixedDecider) Decide(_ time.Time, s scaler.Signals) scaler.Decision {
 	f.seen = s
-	return scaler.Decision{Desired: f.desired}
+	return scaler.Decision{Desired: f.desired, Signal: f.signal}
 }
 
 type idleRouter struct{}

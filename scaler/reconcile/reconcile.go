@@ -101,6 +101,11 @@ type Decider interface {
 	Decide(now time.Time, s scaler.Signals) scaler.Decision
 }
 
+// DefaultInterval is Options.Interval when unset: the time between two
+// reconciliations, which the predictive floor looks ahead by beside a cold
+// start.
+const DefaultInterval = time.Second
+
 // NewAutoscaler is the Decider of a deployment: the scaler's autoscaler
 // configured from its spec.
 func NewAutoscaler(name string, spec config.Spec) Decider {
@@ -111,7 +116,9 @@ func NewAutoscaler(name string, spec config.Spec) Decider {
 	}
 	a, err := scaler.NewAutoscaler(scaler.Config{TargetConcurrency: spec.TargetConcurrency, MinReplicas: spec.Replicas.Min,
 		MaxReplicas: spec.Replicas.Max, TTFTSLO: time.Duration(spec.TTFTSLO), ScaleDownDelay: delay,
-		StableWindow: window, PanicWindow: max(window/10, time.Second), Granularity: min(time.Second, window/10)})
+		StableWindow: window, PanicWindow: max(window/10, time.Second), Granularity: min(time.Second, window/10),
+		NoPrediction: !spec.Forecast.Predictive, Lead: DefaultInterval,
+		Seasonality: scaler.Seasonality{Period: time.Duration(spec.Forecast.Period), Bucket: time.Duration(spec.Forecast.Bucket)}})
 	if err != nil {
 		// The spec was validated; fall back to the defaults all the same.
 		slog.Warn("autoscaler config refused; using the defaults", "deployment", name, "err", err)
@@ -260,7 +267,7 @@ func (d *deployment) forget(now time.Time, id string) bool {
 // New returns a controller over the deployments in opts.Store.
 func New(ctx context.Context, opts Options) (*Controller, error) {
 	if opts.Interval <= 0 {
-		opts.Interval = time.Second
+		opts.Interval = DefaultInterval
 	}
 	if opts.ReplicaCapacity <= 0 {
 		opts.ReplicaCapacity = 256
@@ -272,7 +279,8 @@ func New(ctx context.Context, opts Options) (*Controller, error) {
 		rollouts:    map[string]*rolloutRun{},
 		prefetching: map[string]chan struct{}{},
 		coldStarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_cold_starts_total",
-			Help: "Replicas acquired, by deployment and tier (t1 wake, t2 node cache, t3 bucket, t4 runtime start)."}, []string{"deployment", "tier"}),
+			Help: "Replicas acquired, by deployment, tier (t1 wake, t2 node cache, t3 bucket, t4 runtime start) and cause " +
+				"(demand: requests seen asked for it; predicted: the predictive floor started it ahead of demand)."}, []string{"deployment", "tier", "cause"}),
 		coldStartSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "stoke_cold_start_seconds",
 			Help:    "Time to acquire a ready replica, by tier.",
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60}}, []string{"tier"}),
@@ -483,9 +491,13 @@ func (c *Controller) reconcile(ctx context.Context, name string) {
 	}
 	revision := d.d.Revision
 	c.mu.Unlock()
+	cause := CauseDemand
+	if dec.Signal == scaler.SignalPredictive {
+		cause = CausePredicted
+	}
 	for range start {
 		c.wg.Add(1)
-		go c.acquire(ctx, name, revision)
+		go c.acquire(ctx, name, revision, cause)
 	}
 	for _, id := range release {
 		c.wg.Add(1)
@@ -525,7 +537,16 @@ func leastBusy(ids []string, n int, inFlight func(id string) int) []string {
 	return ids[:n]
 }
 
-func (c *Controller) acquire(ctx context.Context, name, revision string) {
+// Why a replica was acquired (stoke_cold_starts_total's cause).
+const (
+	// CauseDemand: requests seen (in flight, buffered, arriving) asked
+	// for it.
+	CauseDemand = "demand"
+	// CausePredicted: the predictive floor asked for it ahead of demand.
+	CausePredicted = "predicted"
+)
+
+func (c *Controller) acquire(ctx context.Context, name, revision, cause string) {
 	defer c.wg.Done()
 	if c.skipFailed(name, revision) { // deployments.go: a revision that does not load is not retried
 		return
@@ -592,7 +613,7 @@ func (c *Controller) acquire(ctx context.Context, name, revision string) {
 		return
 	}
 	if cold {
-		c.coldStarts.WithLabelValues(name, string(rep.Tier)).Inc()
+		c.coldStarts.WithLabelValues(name, string(rep.Tier), cause).Inc()
 		c.coldStartSeconds.WithLabelValues(string(rep.Tier)).Observe(rep.Breakdown.Total.Seconds())
 	}
 	c.log.Info("replica ready", "deployment", name, "runtime", rep.ID, "tier", rep.Tier, "seconds", rep.Breakdown.Total.Seconds())
