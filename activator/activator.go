@@ -426,12 +426,14 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		var r *route
 		var reason string
 		if p := a.routes.Load().provider(target); p != nil {
+			rec.itl = a.metrics.itlOf(target)
 			reason = a.serveProvider(rec, req, hop, p)
 		} else {
 			pool := target
 			if !pinned { // a deployment's canary takes its share
 				pool = a.canaries.Load().split(target, randIntN)
 			}
+			rec.itl = a.metrics.itlOf(pool)
 			r, reason, err = a.serveDeployment(rec, req, hop, pool, via)
 		}
 		if reason == "" {

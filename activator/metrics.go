@@ -16,6 +16,7 @@ type Metrics struct {
 	requests *prometheus.CounterVec
 	ttfb     *prometheus.HistogramVec
 	tpot     *prometheus.HistogramVec
+	itl      *prometheus.HistogramVec
 	duration *prometheus.HistogramVec
 	tokens   *prometheus.CounterVec
 	fallback *prometheus.CounterVec
@@ -34,6 +35,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		tpot: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "stoke_time_per_output_token_seconds",
 			Help:    "Mean time between a stream's events after the first, per streamed request.",
 			Buckets: []float64{0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1}}, []string{"model"}),
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "stoke_inter_token_latency_seconds",
+			Help:    "Time between two writes of a stream to its client (a token event each, but for the usage and closing events), by the deployment or provider that served it.",
+			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5}}, []string{"model"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_tokens_total",
 			Help: "Tokens processed, by model and kind (prompt or completion), from the answers' usage."}, []string{"model", "kind"}),
 		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stoke_fallbacks_total",
@@ -41,9 +45,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			[]string{"route", "from", "to", "reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.ttfb, m.duration, m.tpot, m.tokens, m.fallback)
+		reg.MustRegister(m.requests, m.ttfb, m.duration, m.tpot, m.itl, m.tokens, m.fallback)
 	}
 	return m
+}
+
+// itlOf is the inter-token latency observer of target's streams (nil
+// without metrics).
+func (m *Metrics) itlOf(target string) prometheus.Observer {
+	if m == nil {
+		return nil
+	}
+	return m.itl.WithLabelValues(target)
 }
 
 // fallbacks counts a request route passed from target from to to.
@@ -92,6 +105,8 @@ type recorder struct {
 	started bool // the answer's kind (stream or not) is known
 	usage   answerUsage
 	queued  bool // waited in the buffer for a replica
+	// itl, when set, observes the gaps between a stream's writes.
+	itl prometheus.Observer
 	// route, served and fallbacks are Outcome's.
 	route, served string
 	fallbacks     int
@@ -163,6 +178,8 @@ func (r *recorder) Write(p []byte) (int, error) {
 	now := time.Now()
 	if r.first.IsZero() {
 		r.first = now
+	} else if r.itl != nil && r.usage.sse {
+		r.itl.Observe(now.Sub(r.last).Seconds())
 	}
 	r.last = now
 	r.usage.write(p)

@@ -261,6 +261,7 @@ func TestProxyMetricsFromAnswers(t *testing.T) {
 			for range 4 {
 				fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\"%s\"}]}\n\n", tricky)
 				w.(http.Flusher).Flush()
+				time.Sleep(5 * time.Millisecond) // one event a read: the proxy writes each on its own
 			}
 			io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4,\"total_tokens\":7}}\n\ndata: [DONE]\n\n")
 			return
@@ -293,6 +294,11 @@ func TestProxyMetricsFromAnswers(t *testing.T) {
 		if got := counterValue(t, c.got); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
+	}
+	// The gaps between the stream's writes: at least one, fewer than its
+	// six events (the network may join some); the plain answer has none.
+	if got := counterValue(t, m.itl.WithLabelValues("m").(prometheus.Metric)); got < 1 || got > 5 {
+		t.Errorf("ITL samples: %v, want 1 to 5 from the stream alone", got)
 	}
 }
 
