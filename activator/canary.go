@@ -82,11 +82,24 @@ func (t *canaryTable) deployment(pool string) string {
 
 // pinned resolves a model name that pins a revision ("chat@sha256:…")
 // to the pool serving that revision of the deployment and the
-// deployment's name; ok is false when name pins nothing, and pool is
-// empty when the deployment does not serve that revision now.
+// deployment's name; ok is false when name pins nothing (no RevisionSep,
+// or a deployment or route whose own name holds one), and pool is empty
+// when the deployment does not serve that revision now. A canary's pool
+// is reached by its revision only, never by its own name.
 func (a *Activator) pinned(name string) (pool, deployment string, ok bool) {
 	deployment, revision, ok := strings.Cut(name, RevisionSep)
 	if !ok {
+		return "", "", false
+	}
+	if t := a.canaries.Load(); t != nil {
+		if _, isPool := t.deploymentOf[name]; isPool {
+			return "", deployment, true
+		}
+	}
+	if _, _, known := a.opts.Resolver.Lookup(name); known {
+		return "", "", false
+	}
+	if t := a.routes.Load(); t != nil && t.routes[name] != nil {
 		return "", "", false
 	}
 	if rev, _, known := a.opts.Resolver.Lookup(deployment); known && rev == revision {

@@ -54,11 +54,13 @@ func TestCanarySplit(t *testing.T) {
 func TestServeCanaryAndPinnedRevisions(t *testing.T) {
 	var seen sync.Map
 	stable, cand := modelEngine(t, &seen, "stable"), modelEngine(t, &seen, "candidate")
-	a := New(Options{Resolver: revisionResolver{"chat": "sha256:old", "chat@canary": "sha256:new"}})
+	a := New(Options{Resolver: revisionResolver{"chat": "sha256:old", "chat@canary": "sha256:new", "odd@name": "sha256:odd"}})
 	ts := httptest.NewServer(a)
 	defer ts.Close()
 	a.AddReplica("chat", "s1", engineAddr(stable), 0)
 	a.AddReplica("chat@canary", "c1", engineAddr(cand), 0)
+	odd := modelEngine(t, &seen, "odd")
+	a.AddReplica("odd@name", "o1", engineAddr(odd), 0)
 	send := func(model string) (int, http.Header) {
 		t.Helper()
 		resp, err := http.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"hi"}`, model)))
@@ -88,6 +90,16 @@ func TestServeCanaryAndPinnedRevisions(t *testing.T) {
 	if code, _ := send("chat@sha256:other"); code != http.StatusNotFound {
 		t.Fatalf("a revision not served: %d, want 404", code)
 	}
+	if code, _ := send("chat@canary"); code != http.StatusNotFound {
+		t.Fatalf("the canary's pool by its own name: %d, want 404", code)
+	}
+	// A deployment whose name holds the separator is no pin.
+	if code, h := send("odd@name"); code != 200 || h.Get(RevisionHeader) != "sha256:odd" {
+		t.Fatalf("odd@name: %d from revision %q", code, h.Get(RevisionHeader))
+	}
+	if got, _ := seen.Load("odd"); got == nil || !strings.HasPrefix(got.(string), "odd@name ") {
+		t.Fatalf("odd@name's engine saw %v", got)
+	}
 	a.SetCanary("chat", "", 0)
 	expect("chat", "sha256:old", "stable")
 	if code, _ := send("chat@sha256:new"); code != http.StatusNotFound {
@@ -99,7 +111,7 @@ func TestServeCanaryAndPinnedRevisions(t *testing.T) {
 // each of its requests: the pinned-name check, the draw and the
 // deployment's name for the answer's header.
 func BenchmarkCanaryHealthyPath(b *testing.B) {
-	a := New(Options{Resolver: revisionResolver{"chat": "sha256:old", "chat@canary": "sha256:new"}})
+	a := New(Options{Resolver: revisionResolver{"chat": "sha256:old", "chat@canary": "sha256:new", "odd@name": "sha256:odd"}})
 	a.SetCanary("chat", "chat@canary", 10)
 	b.ReportAllocs()
 	for b.Loop() {
