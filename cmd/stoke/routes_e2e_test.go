@@ -99,7 +99,7 @@ func TestServeRoutes(t *testing.T) {
         to: small
     split: [{to: large, weight: 1}]
     fallbacks: [small, ext]
-    fallback_after: 500ms
+    fallback_after: 100ms # well under the ~300 ms a killed replica's replacement takes to start
   - name: far
     split: [{to: cold, weight: 1}]
     fallbacks: [ext]
