@@ -43,15 +43,23 @@ func (c *Controller) prepare(d store.Deployment) (config.Spec, error) {
 	return spec, nil
 }
 
+// newDeployment is the controller's fresh state of pool d (a deployment,
+// or a canary's pool) whose replicas load and serve model, metered from
+// now.
+func (c *Controller) newDeployment(d store.Deployment, model string, spec config.Spec, now time.Time) *deployment {
+	nd := &deployment{d: d, model: model, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{},
+		draining: map[string]bool{}}
+	nd.cost.since = now
+	return nd
+}
+
 // installLocked installs or updates deployment d with its parsed spec;
 // callers hold c.mu.
 func (c *Controller) installLocked(d store.Deployment, spec config.Spec) {
 	dep, ok := c.deps[d.Name]
 	if !ok || dep.spec != spec {
-		nd := &deployment{d: d, model: d.Name, spec: spec, decider: c.opts.NewDecider(d.Name, spec), replicas: map[string]*runtime.Replica{},
-			draining: map[string]bool{}}
 		now := time.Now()
-		nd.cost.since = now
+		nd := c.newDeployment(d, d.Name, spec, now)
 		if ok {
 			dep.meter(now) // at the old spec's cost, up to now
 			nd.replicas, nd.engines, nd.pending, nd.draining, nd.last, nd.lastAcq, nd.hold, nd.arrivals = dep.replicas, dep.engines, dep.pending, dep.draining, dep.last, dep.lastAcq, dep.hold, dep.arrivals

@@ -19,7 +19,6 @@ import (
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
-	"github.com/stokehq/stoke/runtime"
 	"github.com/stokehq/stoke/scaler/rollout"
 )
 
@@ -59,9 +58,7 @@ func (c *Controller) startRollout(ctx context.Context, cur store.Deployment, can
 func (c *Controller) runCanary(ro store.Rollout, spec config.Spec) {
 	pool := CanaryPool(ro.Deployment)
 	now := time.Now()
-	d := &deployment{d: store.Deployment{Name: pool, Revision: ro.Candidate, Spec: ro.Spec, UpdatedAt: now}, model: ro.Deployment,
-		spec: spec, decider: c.opts.NewDecider(pool, spec), replicas: map[string]*runtime.Replica{}, draining: map[string]bool{}}
-	d.cost.since = now
+	d := c.newDeployment(store.Deployment{Name: pool, Revision: ro.Candidate, Spec: ro.Spec, UpdatedAt: now}, ro.Deployment, spec, now)
 	run := &rolloutRun{r: ro}
 	gate := spec.Rollout.Eval
 	evaluate := gate.File != "" && c.opts.Evaluate != nil && c.opts.ReadFile != nil
