@@ -18,11 +18,14 @@ type Spec struct {
 	// limit).
 	MemoryBytes int64
 	CPUs        float64
+	// Class is the capacity class of the runtime's slot: where a backend
+	// with node pools places it (on-demand or spot nodes).
+	Class Class
 }
 
 // Backend starts engine runtimes: processes, containers.
 type Backend interface {
-	// Name is "process" or "containerd".
+	// Name is "process", "containerd" or "kubernetes".
 	Name() string
 	// Start launches a runtime; it returns once the runtime is launched,
 	// not once it serves.
@@ -36,8 +39,10 @@ type Backend interface {
 type Process interface {
 	// ID is the Spec's ID.
 	ID() string
-	// Socket is the engine's unix socket path.
-	Socket() string
+	// Addr is where the engine listens, as engineapi.Dial takes it:
+	// "unix:///path.sock" or "host:port"; "" while the backend does not
+	// know it yet (a pod not yet running).
+	Addr() string
 	// Done is closed when the runtime has exited.
 	Done() <-chan struct{}
 	// Stop asks the runtime to drain and exit (SIGTERM), kills it after

@@ -87,7 +87,7 @@ func TestManagerCordon(t *testing.T) {
 		}
 	}
 	// The replica serving there serves on.
-	if err := runtime.NewEngineClient("unix://"+spot.Socket).Complete(ctx, "a", []int32{1, 2}); err != nil {
+	if err := runtime.NewEngineClient(spot.Addr).Complete(ctx, "a", []int32{1, 2}); err != nil {
 		t.Fatalf("the replica in the cordoned slot stopped serving: %v", err)
 	}
 	// No free slot but the cordoned one: nothing starts there.

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/stokehq/stoke/engine/engineapi"
@@ -23,6 +26,28 @@ type EngineClient struct {
 func NewEngineClient(addr string) *EngineClient {
 	tr := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
 	return &EngineClient{addr: engineapi.Dial(tr, addr), http: &http.Client{Transport: tr}}
+}
+
+// errNotLaunched is a dial to a runtime whose address is not known yet.
+var errNotLaunched = errors.New("the runtime has no address yet")
+
+// clientOf returns a client for p's engine that asks p for its address
+// at every new connection: a backend may learn it only once the runtime
+// runs (a pod's IP once it is scheduled), after Start returned.
+func clientOf(p Process) *EngineClient {
+	tr := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
+	tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		addr := p.Addr()
+		if addr == "" {
+			return nil, fmt.Errorf("runtime %s: %w", p.ID(), errNotLaunched)
+		}
+		network, address := "tcp", strings.TrimPrefix(addr, "tcp://")
+		if path, ok := strings.CutPrefix(addr, "unix://"); ok {
+			network, address = "unix", path
+		}
+		return (&net.Dialer{}).DialContext(ctx, network, address)
+	}
+	return &EngineClient{addr: "engine", http: &http.Client{Transport: tr}}
 }
 
 // State returns GET /admin/state.

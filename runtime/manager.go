@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -128,13 +129,16 @@ type Event struct {
 
 // Info describes a runtime, as GET /admin/runtimes lists it.
 type Info struct {
-	ID       string    `json:"id"`
-	Slot     int       `json:"slot"`
-	Class    Class     `json:"class"`
-	State    State     `json:"state"`
-	Model    string    `json:"model,omitempty"`
-	Revision string    `json:"revision,omitempty"`
-	Socket   string    `json:"socket"`
+	ID       string `json:"id"`
+	Slot     int    `json:"slot"`
+	Class    Class  `json:"class"`
+	State    State  `json:"state"`
+	Model    string `json:"model,omitempty"`
+	Revision string `json:"revision,omitempty"`
+	// Addr is where its engine listens ("unix:///path" or "host:port");
+	// Socket is the path of a unix socket address.
+	Addr     string    `json:"addr"`
+	Socket   string    `json:"socket,omitempty"`
 	InUse    bool      `json:"in_use"`
 	Weights  int64     `json:"weight_bytes,omitempty"`
 	Started  time.Time `json:"started"`
@@ -183,8 +187,9 @@ func (b *Breakdown) UnmarshalJSON(data []byte) error {
 
 // Replica is an acquired runtime serving a model revision.
 type Replica struct {
-	ID       string
-	Socket   string
+	ID string
+	// Addr is where its engine listens ("unix:///path" or "host:port").
+	Addr     string
 	Model    string
 	Revision string
 	// Tier is how it was acquired; LoadTier is where its weights came
@@ -270,7 +275,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 // adopt takes over a runtime from an earlier manager when it answers and a
 // slot is free, and stops it otherwise.
 func (m *Manager) adopt(ctx context.Context, p Process) {
-	client := NewEngineClient("unix://" + p.Socket())
+	client := clientOf(p)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	st, err := client.State(cctx)
 	cancel()
@@ -331,7 +336,7 @@ func (m *Manager) Runtimes() []Info {
 	out := make([]Info, 0, len(m.runtimes))
 	for _, r := range m.runtimes {
 		out = append(out, Info{ID: r.id, Slot: r.slot, Class: m.opts.Slots[r.slot], State: r.state, Model: r.model, Revision: r.revision,
-			Socket: r.proc.Socket(), InUse: r.inUse, Weights: r.weights, Started: r.started, LastUsed: r.lastUsed, Cordoned: m.cordonedLocked(r.slot)})
+			Addr: r.proc.Addr(), Socket: socketPath(r.proc.Addr()), InUse: r.inUse, Weights: r.weights, Started: r.started, LastUsed: r.lastUsed, Cordoned: m.cordonedLocked(r.slot)})
 	}
 	slices.SortFunc(out, func(a, b Info) int { return a.Slot - b.Slot })
 	return out
@@ -347,7 +352,7 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 	if err != nil {
 		return nil, err
 	}
-	rep := &Replica{ID: r.id, Socket: r.proc.Socket(), Model: model, Revision: revision, Tier: tier.Bucket}
+	rep := &Replica{ID: r.id, Addr: r.proc.Addr(), Model: model, Revision: revision, Tier: tier.Bucket}
 	fail := func(err error) (*Replica, error) {
 		m.unclaim(r, err)
 		return nil, fmt.Errorf("acquire %s: %w", model, err)
@@ -774,12 +779,12 @@ func (m *Manager) startLocked(slot int) (*runtimeState, error) {
 	if m.opts.WeightArena > 0 {
 		args = append(slices.Clip(args), "--weight-arena", strconv.FormatInt(m.opts.WeightArena, 10))
 	}
-	spec := Spec{ID: id, Socket: filepath.Join(m.opts.Dir, id+".sock"), EngineArgs: args, MemoryBytes: m.opts.MemoryBytes, CPUs: m.opts.CPUs}
+	spec := Spec{ID: id, Socket: filepath.Join(m.opts.Dir, id+".sock"), EngineArgs: args, MemoryBytes: m.opts.MemoryBytes, CPUs: m.opts.CPUs, Class: m.opts.Slots[slot]}
 	p, err := m.opts.Backend.Start(context.Background(), spec)
 	if err != nil {
 		return nil, fmt.Errorf("start a runtime in slot %d: %w", slot, err)
 	}
-	r := &runtimeState{id: id, slot: slot, state: StateStarting, proc: p, client: NewEngineClient("unix://" + p.Socket()), started: time.Now(), warm: make(chan struct{})}
+	r := &runtimeState{id: id, slot: slot, state: StateStarting, proc: p, client: clientOf(p), started: time.Now(), warm: make(chan struct{})}
 	m.runtimes[id], m.slots[slot] = r, id
 	m.watchExit(r)
 	go m.awaitBlank(r)
@@ -1007,4 +1012,13 @@ func (m *Manager) EngineState(ctx context.Context, id string) (engineapi.StateIn
 		return engineapi.StateInfo{}, fmt.Errorf("engine state of %s: no such runtime", id)
 	}
 	return r.client.State(ctx)
+}
+
+// socketPath is the path of a unix socket address, "" for a TCP one.
+func socketPath(addr string) string {
+	path, ok := strings.CutPrefix(addr, "unix://")
+	if !ok {
+		return ""
+	}
+	return path
 }

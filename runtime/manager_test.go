@@ -224,7 +224,7 @@ func testTiersAndFaults(t *testing.T, kind string) {
 		if rep.Tier != want || rep.LoadTier != wantLoad || rep.Revision == "" {
 			t.Fatalf("acquire %s: tier %s (load %q), revision %q; want %s (load %q)", model, rep.Tier, rep.LoadTier, rep.Revision, want, wantLoad)
 		}
-		if err := runtime.NewEngineClient("unix://"+rep.Socket).Complete(ctx, model, []int32{1, 2, 3}); err != nil {
+		if err := runtime.NewEngineClient(rep.Addr).Complete(ctx, model, []int32{1, 2, 3}); err != nil {
 			t.Fatalf("replica of %s does not serve: %v", model, err)
 		}
 		return rep
@@ -453,7 +453,7 @@ func TestManagerLoadsFromCacheViews(t *testing.T) {
 			if rep.Tier != tier.Cache || rep.LoadTier != "t2" || rep.Revision != man.Revision {
 				t.Fatalf("second load: %s/%s@%s, want t2 from the cache view", rep.Tier, rep.LoadTier, rep.Revision)
 			}
-			if err := runtime.NewEngineClient("unix://"+rep.Socket).Complete(ctx, "a", []int32{1, 2}); err != nil {
+			if err := runtime.NewEngineClient(rep.Addr).Complete(ctx, "a", []int32{1, 2}); err != nil {
 				t.Fatalf("a replica loaded from a view does not serve: %v", err)
 			}
 			if n.mounts != nil && len(n.mounts()) == 0 {
@@ -648,7 +648,7 @@ func TestManagerAcquireHandsOutReadoptedReady(t *testing.T) {
 	}
 	loads := map[string]string{} // runtime → its engine's last load, as it reports it
 	for _, rep := range []*runtime.Replica{first, second} {
-		st, err := runtime.NewEngineClient("unix://" + rep.Socket).State(ctx)
+		st, err := runtime.NewEngineClient(rep.Addr).State(ctx)
 		if err != nil || st.Load == nil {
 			t.Fatalf("state of %s: %+v, %v", rep.ID, st, err)
 		}
@@ -679,7 +679,7 @@ func TestManagerAcquireHandsOutReadoptedReady(t *testing.T) {
 			t.Fatalf("t0 breakdown %+v: want nothing but the total", rep.Breakdown)
 		}
 		got[rep.ID] = true
-		cl := runtime.NewEngineClient("unix://" + rep.Socket)
+		cl := runtime.NewEngineClient(rep.Addr)
 		if err := cl.Complete(ctx, "a", []int32{1, 2}); err != nil {
 			t.Fatalf("t0 replica does not serve: %v", err)
 		}

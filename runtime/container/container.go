@@ -312,7 +312,7 @@ type proc struct {
 }
 
 func (p *proc) ID() string            { return p.c.ID() }
-func (p *proc) Socket() string        { return p.socket }
+func (p *proc) Addr() string          { return "unix://" + p.socket }
 func (p *proc) Done() <-chan struct{} { return p.done }
 
 // PID is the engine's process id on the host.

@@ -246,7 +246,7 @@ type proc struct {
 
 func (p *proc) ID() string            { return p.rec.ID }
 func (p *proc) PID() int              { return p.rec.PID }
-func (p *proc) Socket() string        { return p.rec.Socket }
+func (p *proc) Addr() string          { return "unix://" + p.rec.Socket }
 func (p *proc) Done() <-chan struct{} { return p.done }
 
 // LogPath is the runtime's log file.

@@ -45,7 +45,7 @@ func (s *slotRuntimes) Acquire(_ context.Context, model, revision string) (*runt
 			id = fmt.Sprintf("rt-%d-%d", slot, s.seq)
 			s.slots[slot] = id
 			s.calls = append(s.calls, "acquire "+id)
-			return &runtime.Replica{ID: id, Socket: "/nonexistent/" + id + ".sock", Model: model, Revision: revision, Tier: tier.Start}, nil
+			return &runtime.Replica{ID: id, Addr: "unix:///nonexistent/" + id + ".sock", Model: model, Revision: revision, Tier: tier.Start}, nil
 		}
 	}
 	return nil, runtime.ErrNoCapacity

@@ -617,7 +617,7 @@ func (c *Controller) acquire(ctx context.Context, name, revision, cause string) 
 		c.coldStartSeconds.WithLabelValues(string(rep.Tier)).Observe(rep.Breakdown.Total.Seconds())
 	}
 	c.log.Info("replica ready", "deployment", name, "runtime", rep.ID, "tier", rep.Tier, "seconds", rep.Breakdown.Total.Seconds())
-	c.opts.Router.AddReplica(name, rep.ID, "unix://"+rep.Socket, c.opts.ReplicaCapacity)
+	c.opts.Router.AddReplica(name, rep.ID, rep.Addr, c.opts.ReplicaCapacity)
 	if c.opts.OnAcquired != nil {
 		c.opts.OnAcquired(name, rep)
 	}

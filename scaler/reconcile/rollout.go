@@ -190,7 +190,7 @@ func (c *Controller) finish(ctx context.Context, run *rolloutRun, state store.Ro
 			if state == store.RolloutPromoted && main != nil && main.d.Revision == cd.d.Revision {
 				main.meter(now)
 				main.replicas[id] = cd.replicas[id]
-				moved[id] = "unix://" + cd.replicas[id].Socket
+				moved[id] = cd.replicas[id].Addr
 			} else {
 				released = append(released, id)
 			}

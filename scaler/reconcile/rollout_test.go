@@ -33,7 +33,7 @@ func (r *loadingRuntimes) Acquire(_ context.Context, model, revision string) (*r
 		return nil, errors.New("load model: tensor missing")
 	}
 	r.n++
-	return &runtime.Replica{ID: fmt.Sprintf("rt-%d", r.n), Socket: fmt.Sprintf("/tmp/rt-%d.sock", r.n), Model: model, Revision: revision}, nil
+	return &runtime.Replica{ID: fmt.Sprintf("rt-%d", r.n), Addr: fmt.Sprintf("unix:///tmp/rt-%d.sock", r.n), Model: model, Revision: revision}, nil
 }
 
 func (r *loadingRuntimes) Release(_ context.Context, id string) error {
