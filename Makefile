@@ -25,13 +25,19 @@ run: build
 # (built once with `go install`, a few minutes the first time), AWS's EC2
 # instance metadata mock for the spot interruption tests (`go install` too,
 # seconds), Debian's containerd and runc for the node-cache tests (each
-# test starts its own private containerd), and Debian's prometheus and
-# promtool for the monitoring rules and dashboard test (a private server).
+# test starts its own private containerd), Debian's prometheus and
+# promtool for the monitoring rules and dashboard test (a private server),
+# the Kubernetes control plane and kubelet built from the module proxy
+# (12-16 minutes the first time) with Debian's etcd, CNI plugins,
+# PostgreSQL and Redis for the cluster and several-gateway tests, and the
+# helm CLI for the chart's tests.
 deps:
 	@GO=$(GO) sh ./scripts/install-minio.sh
 	@GO=$(GO) sh ./scripts/install-ec2-metadata-mock.sh
 	@sh ./scripts/install-containerd.sh
 	@sh ./scripts/install-prometheus.sh
+	@GO=$(GO) sh ./scripts/install-kubernetes.sh
+	@GO=$(GO) sh ./scripts/install-helm.sh
 
 # Every package runs twice: once as it is, once under the race detector
 # with -short (which leaves out the slowest end-to-end cases), ./cmd

@@ -38,7 +38,7 @@ if [ "$built" = 0 ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$KUBE_VERSIO
 	log=$(mktemp)
 	pkg=k8s.io/component-base/version
 	ldflags="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=37 -X $pkg.gitTreeState=clean"
-	if ! (cd "$here/kubernetes" && CGO_ENABLED=0 GOFLAGS=-mod=mod GOBIN=$bindir $GO install -trimpath -ldflags "$ldflags" \
+	if ! (cd "$here/kubernetes" && CGO_ENABLED=0 GOBIN=$bindir $GO install -trimpath -ldflags "$ldflags" \
 		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
 		k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet) >"$log" 2>&1; then
 		cat "$log" >&2

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Installs Debian's prometheus package (it brings prometheus and promtool)
-# for the monitoring test, which checks deploy/prometheus's rules with
+# for the monitoring test, which checks deploy/helm/stoke's rules with
 # promtool and starts its own private Prometheus on a free port. Quiet
 # when prometheus and promtool are already on PATH. Without apt-get, root
 # or password-less sudo it prints one line, and when apt-get fails it

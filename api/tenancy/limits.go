@@ -3,11 +3,11 @@ package tenancy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/stokehq/stoke/activator"
@@ -63,6 +63,23 @@ func (l Limits) periodStart(now time.Time) time.Time {
 	return time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
 }
 
+// periodEnd is the end of the budget period that starts at start.
+func (l Limits) periodEnd(start time.Time) time.Time {
+	if l.BudgetPeriod == "month" {
+		return start.AddDate(0, 1, 0)
+	}
+	return start.AddDate(0, 0, 1)
+}
+
+// budgetMicro is the money budget in millionths of a US dollar, -1 for
+// none.
+func (l Limits) budgetMicro() int64 {
+	if l.BudgetUSD <= 0 {
+		return -1
+	}
+	return int64(l.BudgetUSD * 1e6)
+}
+
 // none reports whether l limits nothing.
 func (l Limits) none() bool { return l == Limits{} }
 
@@ -86,100 +103,93 @@ const DefaultReservedTokens = 4096
 // window is how far the per-minute limits look back.
 const window = time.Minute
 
-// reservation is one admitted request's share of a meter.
-type reservation struct {
-	at     time.Time
-	tokens int
-	gone   bool // left the window (pruned from its meter's log)
+// holder is the owner of one meter in an admission: a tenant, or one of
+// its keys.
+type holder struct {
+	// name is the meter's name: "t:" + the tenant's id or "k:" + the
+	// key's.
+	name string
+	// tenant is the tenant's id; key the key's ("" for the tenant's
+	// meter).
+	tenant, key string
+	limits      Limits
 }
 
-// meter enforces one holder's (a tenant's or a key's) limits. Every
-// admitted request has a reservation in it until it leaves the window:
-// its request counts once, its tokens are the bound it was admitted with
-// until the answer says how many it used. So a check that lets a request
-// in can never be proved wrong later: the limits are never exceeded, by
-// any number of concurrent requests.
-type meter struct {
-	limits Limits
-	log    []*reservation // oldest first
-	// logTokens is the sum of the log's tokens.
-	logTokens int
-	inflight  int
-	// The budget of the period that started at period: spent is what
-	// answers of the period used (read back from the usage records when
-	// the meter is first used), reserved what requests in flight may.
-	period                   time.Time
-	spentTokens, spentMicro  int64
-	reservedTokens, resMicro int64
+// admission is one request's reservation as the meters see it: one
+// request, and tokens (prompt bytes plus max_tokens) and micro (their
+// price, in millionths of a US dollar) as its upper bounds.
+type admission struct {
+	// holders are the tenant's meter, then the key's.
+	holders [2]holder
+	tokens  int
+	micro   int64
+	// now is the caller's clock (Options.Now).
+	now time.Time
 }
 
-// overBudget reports whether reserving tokens and micro (millionths of a
-// US dollar) more could cross the meter's budgets.
-func (m *meter) overBudget(tokens, micro int64) bool {
-	l := m.limits
-	return l.BudgetTokens > 0 && m.spentTokens+m.reservedTokens+tokens > l.BudgetTokens ||
-		l.BudgetUSD > 0 && m.spentMicro+m.resMicro+micro > int64(l.BudgetUSD*1e6)
+// meterState is what one meter says of an admission, after it.
+type meterState struct {
+	// requestWait and tokenWait are how long until the admission would
+	// fit the requests and the tokens per minute (0: it does now;
+	// tokenWait is a whole window when it never can).
+	requestWait, tokenWait time.Duration
+	// concurrent reports MaxConcurrent requests in flight.
+	concurrent bool
+	// overBudget reports that the admission could cross a budget.
+	overBudget bool
+	// requests and tokens are those reserved in the window (the
+	// admission's included when it was admitted).
+	requests, tokens int
+	// reset is how long until the oldest of them leaves the window (0:
+	// none).
+	reset time.Duration
 }
 
-// prune drops reservations older than the window.
-func (m *meter) prune(now time.Time) {
-	i := 0
-	for i < len(m.log) && now.Sub(m.log[i].at) >= window {
-		m.logTokens -= m.log[i].tokens
-		m.log[i].gone = true
-		i++
-	}
-	m.log = m.log[i:]
-}
-
-// reserve adds r to the window.
-func (m *meter) reserve(r *reservation) {
-	m.log = append(m.log, r)
-	m.logTokens += r.tokens
-}
-
-// settle lowers r's tokens to what its answer used.
-func (m *meter) settle(r *reservation, tokens int) {
-	if tokens >= r.tokens {
-		return
-	}
-	if !r.gone {
-		m.logTokens -= r.tokens - tokens
-	}
-	r.tokens = tokens
-}
-
-// used is the requests and tokens reserved in the window.
-func (m *meter) used() (requests, tokens int) {
-	return len(m.log), m.logTokens
-}
-
-// wait is how long until a reservation of tokens would fit (0: now).
-func (m *meter) wait(now time.Time, tokens int) (requests, tok time.Duration) {
-	l := m.limits
-	if l.RequestsPerMinute > 0 && len(m.log) >= l.RequestsPerMinute {
-		requests = m.log[len(m.log)-l.RequestsPerMinute].at.Add(window).Sub(now)
-	}
-	if l.TokensPerMinute > 0 {
-		_, used := m.used()
-		for _, r := range m.log {
-			if used+tokens <= l.TokensPerMinute {
-				break
-			}
-			used -= r.tokens
-			tok = r.at.Add(window).Sub(now)
-		}
-		if used+tokens > l.TokensPerMinute { // it can never fit
-			tok = window
+// fits is the admission rule: a request is admitted when every meter has
+// room for it now, in requests, tokens, concurrency and budget. It is the
+// one rule of both meters: memMeters calls it, and redis_admit.lua, which
+// must decide inside Redis, is its line-for-line copy (the tests hold the
+// two equal on the same sequences of requests).
+func fits(states []meterState) bool {
+	for _, s := range states {
+		if s.requestWait > 0 || s.tokenWait > 0 || s.concurrent || s.overBudget {
+			return false
 		}
 	}
-	return requests, tok
+	return true
 }
 
-// limiter holds the meters of tenants and keys.
-type limiter struct {
-	mu     sync.Mutex
-	meters map[string]*meter // "t:" + tenant id or "k:" + key id
+// meters keeps the meters of tenants and keys: in this process
+// (memMeters) or in Redis, shared by every gateway replica (redisMeters).
+type meters interface {
+	// admit reserves a in both of its holders' meters when it fits both
+	// (fits), atomically, else in neither, and returns the meters'
+	// states; when a was reserved, settle ends it with what its answer
+	// used. An error wrapping errMetersUnavailable means the counters
+	// could not be reached.
+	admit(ctx context.Context, a admission) (states [2]meterState, settle func(usedTokens, usedMicro int64), err error)
+}
+
+// errMetersUnavailable reports limit counters that cannot be reached (a
+// Redis that is down): the request is refused with a 503, never admitted
+// unlimited.
+var errMetersUnavailable = errors.New("the limits' counters are unavailable")
+
+// spendFunc reads what h spent since start from the usage records.
+type spendFunc func(ctx context.Context, h holder, start time.Time) (tokens, micro int64, err error)
+
+// spendSince is the spendFunc of the Service's usage records: what h's
+// answers since start used, zero with usage records off (a budget then
+// counts this process's answers, or the shared counters', alone).
+func (s *Service) spendSince(ctx context.Context, h holder, start time.Time) (int64, int64, error) {
+	if s.usage == nil {
+		return 0, 0, nil
+	}
+	tokens, micro, err := s.o.Store.UsageSpend(ctx, h.tenant, h.key, start)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read the spend of %s since %s: %w", h.name, start.Format(time.DateOnly), err)
+	}
+	return tokens, micro, nil
 }
 
 // admitLimits is the limits' admission check: a request from a principal
@@ -190,6 +200,8 @@ type limiter struct {
 // its max_tokens is over the cap. The answer's usage then replaces the
 // bound; an answer that failed frees its tokens. Every answer carries
 // OpenAI's x-ratelimit-* headers of the key's (else the tenant's) limits.
+// When the meters cannot be reached (Options.Redis down) the request is
+// refused with 503 service_unavailable: limits fail closed.
 func (s *Service) admitLimits(ctx context.Context, w http.ResponseWriter, r activator.AdmitRequest) (activator.Admitted, *openai.Error) {
 	p, ok := FromContext(ctx)
 	if !ok || p.TenantID == "" {
@@ -216,56 +228,20 @@ func (s *Service) admitLimits(ctx context.Context, w http.ResponseWriter, r acti
 	price := s.price(r.Model)
 	micro := int64(math.Ceil(float64(r.PromptBytes)*max(price.InputPer1M, price.CachedInputPer1M) + float64(bound)*price.OutputPer1M))
 
-	now := s.o.Now()
-	if err := s.loadSpend(ctx, p, tl, kl, now); err != nil {
-		return activator.Admitted{}, openai.ServerError("read the budget's spend: %v", err)
+	a := admission{holders: [2]holder{{name: "t:" + p.TenantID, tenant: p.TenantID, limits: tl},
+		{name: "k:" + p.KeyID, tenant: p.TenantID, key: p.KeyID, limits: kl}}, tokens: tokens, micro: micro, now: s.o.Now()}
+	states, settle, err := s.meters.admit(ctx, a)
+	if errors.Is(err, errMetersUnavailable) {
+		s.o.Logger.Error("check the limits", "tenant", p.TenantID, "key", p.KeyID, "err", err)
+		w.Header().Set("Retry-After", "1")
+		return activator.Admitted{}, openai.Unavailable("The rate limits cannot be checked right now; retry shortly.")
 	}
-	s.limits.mu.Lock()
-	meters := []*meter{s.meterLocked("t:"+p.TenantID, tl), s.meterLocked("k:"+p.KeyID, kl)}
-	var reqWait, tokWait time.Duration
-	concurrent, broke := false, false
-	for _, m := range meters {
-		m.prune(now)
-		if m.limits.budgeted() && m.overBudget(int64(tokens), micro) {
-			broke = true
-		}
-		rw, tw := m.wait(now, tokens)
-		reqWait, tokWait = max(reqWait, rw), max(tokWait, tw)
-		if m.limits.MaxConcurrent > 0 && m.inflight >= m.limits.MaxConcurrent {
-			concurrent = true
-		}
+	if err != nil {
+		return activator.Admitted{}, openai.ServerError("check the limits: %v", err)
 	}
-	refused := reqWait > 0 || tokWait > 0 || concurrent || broke
-	res := make([]*reservation, len(meters))
-	if !refused {
-		for i, m := range meters {
-			res[i] = &reservation{at: now, tokens: tokens}
-			m.reserve(res[i])
-			m.inflight++
-			m.reservedTokens += int64(tokens)
-			m.resMicro += micro
-		}
-	}
-	setRateHeaders(w.Header(), meters, now)
-	s.limits.mu.Unlock()
-
-	if broke {
-		return activator.Admitted{}, &openai.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
-			Message: "You exceeded your current quota: this request could cross the budget of its tenant or key for this period."}
-	}
-	if refused {
-		wait := max(reqWait, tokWait, time.Second)
-		w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
-		msg := "Rate limit reached: "
-		switch {
-		case concurrent:
-			msg += "too many requests in flight; retry when one ends."
-		case tokWait >= window:
-			msg += fmt.Sprintf("this request may use %d tokens (prompt and max_tokens), more than the %d tokens per minute allowed.", tokens, minPositive(tl.TokensPerMinute, kl.TokensPerMinute))
-		default:
-			msg += fmt.Sprintf("retry in %s.", wait.Round(time.Millisecond))
-		}
-		return activator.Admitted{}, &openai.Error{Status: http.StatusTooManyRequests, Type: "requests", Code: "rate_limit_exceeded", Message: msg}
+	setRateHeaders(w.Header(), [2]Limits{tl, kl}, states)
+	if settle == nil {
+		return activator.Admitted{}, refusal(states, tokens, tl, kl, w.Header())
 	}
 	adm.Done = func(o activator.Outcome) {
 		usedTokens, usedMicro := int64(0), int64(0)
@@ -277,20 +253,38 @@ func (s *Service) admitLimits(ctx context.Context, w http.ResponseWriter, r acti
 		default: // served, usage unknown: charged its bound
 			usedTokens, usedMicro = int64(tokens), micro
 		}
-		s.limits.mu.Lock()
-		defer s.limits.mu.Unlock()
-		for i, m := range meters {
-			m.inflight--
-			m.reservedTokens -= int64(tokens)
-			m.resMicro -= micro
-			if m.period.Equal(m.limits.periodStart(now)) {
-				m.spentTokens += usedTokens
-				m.spentMicro += usedMicro
-			}
-			m.settle(res[i], int(min(int64(res[i].tokens), usedTokens)))
-		}
+		settle(usedTokens, usedMicro)
 	}
 	return adm, nil
+}
+
+// refusal is the 429 of an admission that did not fit, with its
+// Retry-After set on h: insufficient_quota when it could cross a budget,
+// else rate_limit_exceeded.
+func refusal(states [2]meterState, tokens int, tl, kl Limits, h http.Header) *openai.Error {
+	var reqWait, tokWait time.Duration
+	concurrent, broke := false, false
+	for _, st := range states {
+		reqWait, tokWait = max(reqWait, st.requestWait), max(tokWait, st.tokenWait)
+		concurrent = concurrent || st.concurrent
+		broke = broke || st.overBudget
+	}
+	if broke {
+		return &openai.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
+			Message: "You exceeded your current quota: this request could cross the budget of its tenant or key for this period."}
+	}
+	wait := max(reqWait, tokWait, time.Second)
+	h.Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
+	msg := "Rate limit reached: "
+	switch {
+	case concurrent:
+		msg += "too many requests in flight; retry when one ends."
+	case tokWait >= window:
+		msg += fmt.Sprintf("this request may use %d tokens (prompt and max_tokens), more than the %d tokens per minute allowed.", tokens, minPositive(tl.TokensPerMinute, kl.TokensPerMinute))
+	default:
+		msg += fmt.Sprintf("retry in %s.", wait.Round(time.Millisecond))
+	}
+	return &openai.Error{Status: http.StatusTooManyRequests, Type: "requests", Code: "rate_limit_exceeded", Message: msg}
 }
 
 // costMicro is what an answer's usage cost at price, in millionths of a
@@ -311,60 +305,6 @@ func (s *Service) price(model string) config.Price {
 	return s.o.Price(model)
 }
 
-// loadSpend makes sure the budgeted meters of p's tenant and key know
-// their current period's spend, reading it back from the usage records at
-// a meter's first use and starting from zero when a new period begins.
-func (s *Service) loadSpend(ctx context.Context, p Principal, tl, kl Limits, now time.Time) error {
-	for _, h := range []struct {
-		holder, tenant, key string
-		l                   Limits
-	}{{"t:" + p.TenantID, p.TenantID, "", tl}, {"k:" + p.KeyID, p.TenantID, p.KeyID, kl}} {
-		if !h.l.budgeted() {
-			continue
-		}
-		start := h.l.periodStart(now)
-		s.limits.mu.Lock()
-		m := s.meterLocked(h.holder, h.l)
-		loaded := m.period.Equal(start)
-		fresh := m.period.IsZero()
-		if !loaded && !fresh { // a new period: nothing spent in it yet
-			m.period, m.spentTokens, m.spentMicro = start, 0, 0
-		}
-		if fresh && s.usage == nil { // no records to read back: from zero
-			m.period, fresh = start, false
-		}
-		s.limits.mu.Unlock()
-		if loaded || !fresh {
-			continue
-		}
-		tokens, micro, err := s.o.Store.UsageSpend(ctx, h.tenant, h.key, start)
-		if err != nil {
-			return err
-		}
-		s.limits.mu.Lock()
-		if m.period.IsZero() {
-			m.period, m.spentTokens, m.spentMicro = start, tokens, micro
-		}
-		s.limits.mu.Unlock()
-	}
-	return nil
-}
-
-// meterLocked returns the meter of holder with limits l; s.limits.mu is
-// held.
-func (s *Service) meterLocked(holder string, l Limits) *meter {
-	if s.limits.meters == nil {
-		s.limits.meters = map[string]*meter{}
-	}
-	m, ok := s.limits.meters[holder]
-	if !ok {
-		m = &meter{}
-		s.limits.meters[holder] = m
-	}
-	m.limits = l
-	return m
-}
-
 // limitsOf returns the limits of p's tenant and key.
 func (s *Service) limitsOf(p Principal) (tenant, key Limits) {
 	s.mu.RLock()
@@ -375,32 +315,28 @@ func (s *Service) limitsOf(p Principal) (tenant, key Limits) {
 // setRateHeaders writes OpenAI's x-ratelimit-* headers: for requests and
 // for tokens, those of the meter (the key's, else the tenant's) with less
 // room left.
-func setRateHeaders(h http.Header, meters []*meter, now time.Time) {
+func setRateHeaders(h http.Header, limits [2]Limits, states [2]meterState) {
 	for _, dim := range [...]struct {
 		limitKey, remainingKey, resetKey string // canonical: set without rewriting
 		limit                            func(Limits) int
-		used                             func(requests, tokens int) int
+		used                             func(meterState) int
 	}{
 		{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests",
-			func(l Limits) int { return l.RequestsPerMinute }, func(r, _ int) int { return r }},
+			func(l Limits) int { return l.RequestsPerMinute }, func(s meterState) int { return s.requests }},
 		{"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens",
-			func(l Limits) int { return l.TokensPerMinute }, func(_, t int) int { return t }},
+			func(l Limits) int { return l.TokensPerMinute }, func(s meterState) int { return s.tokens }},
 	} {
 		var limit, remaining int
 		var reset time.Duration
 		found := false
-		for _, m := range meters {
-			l := dim.limit(m.limits)
+		for i, st := range states {
+			l := dim.limit(limits[i])
 			if l <= 0 {
 				continue
 			}
-			left := max(0, l-dim.used(m.used()))
+			left := max(0, l-dim.used(st))
 			if !found || left < remaining {
-				limit, remaining, found = l, left, true
-				reset = 0
-				if len(m.log) > 0 {
-					reset = m.log[0].at.Add(window).Sub(now)
-				}
+				limit, remaining, reset, found = l, left, st.reset, true
 			}
 		}
 		if found {

@@ -43,49 +43,57 @@ func TestAdmitNeverOvershoots(t *testing.T) {
 			}
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx := context.Background()
-			now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-			s := newService(t, "", func() time.Time { return now })
-			if _, err := s.CreateTenant(ctx, "acme", tc.limits); err != nil {
-				t.Fatal(err)
-			}
-			k, _, err := s.CreateKey(ctx, KeyRequest{Tenant: "acme"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			pctx := WithPrincipal(ctx, Principal{TenantID: k.TenantID, KeyID: k.ID})
-			var mu sync.Mutex
-			var admitted, tokens int
-			var wg sync.WaitGroup
-			for range 200 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					w := httptest.NewRecorder()
-					_, e := s.Admit(pctx, w, activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20})
-					mu.Lock()
-					defer mu.Unlock()
-					if e != nil {
-						if e.Status != http.StatusTooManyRequests || e.Code != "rate_limit_exceeded" || w.Header().Get("Retry-After") == "" {
-							t.Errorf("refusal %d %s, Retry-After %q", e.Status, e.Code, w.Header().Get("Retry-After"))
+		for _, kind := range meterKinds() {
+			t.Run(tc.name+"/"+kind.name, func(t *testing.T) {
+				ctx := context.Background()
+				now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+				s := kind.service(t, Options{Now: func() time.Time { return now }})
+				if _, err := s.CreateTenant(ctx, "acme", tc.limits); err != nil {
+					t.Fatal(err)
+				}
+				k, _, err := s.CreateKey(ctx, KeyRequest{Tenant: "acme"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				pctx := WithPrincipal(ctx, Principal{TenantID: k.TenantID, KeyID: k.ID})
+				var mu sync.Mutex
+				var admitted, tokens int
+				var wg sync.WaitGroup
+				for range 200 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						w := httptest.NewRecorder()
+						_, e := s.Admit(pctx, w, activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20})
+						mu.Lock()
+						defer mu.Unlock()
+						if e != nil {
+							if e.Status != http.StatusTooManyRequests || e.Code != "rate_limit_exceeded" || w.Header().Get("Retry-After") == "" {
+								t.Errorf("refusal %d %s, Retry-After %q", e.Status, e.Code, w.Header().Get("Retry-After"))
+							}
+							return
 						}
-						return
-					}
-					admitted++
-					tokens += 30
-				}()
-			}
-			wg.Wait()
-			tc.check(t, admitted, tokens)
-		})
+						admitted++
+						tokens += 30
+					}()
+				}
+				wg.Wait()
+				tc.check(t, admitted, tokens)
+			})
+		}
 	}
 }
 
 func TestAdmitReconcilesAndCaps(t *testing.T) {
+	for _, kind := range meterKinds() {
+		t.Run(kind.name, func(t *testing.T) { testAdmitReconcilesAndCaps(t, kind) })
+	}
+}
+
+func testAdmitReconcilesAndCaps(t *testing.T, kind meterKind) {
 	ctx := context.Background()
 	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	s := newService(t, "", func() time.Time { return now })
+	s := kind.service(t, Options{Now: func() time.Time { return now }})
 	s.CreateTenant(ctx, "acme", Limits{TokensPerMinute: 100, RequestsPerMinute: 50})
 	k, _, _ := s.CreateKey(ctx, KeyRequest{Tenant: "acme", Limits: Limits{MaxTokens: 40}})
 	pctx := WithPrincipal(ctx, Principal{TenantID: k.TenantID, KeyID: k.ID})
@@ -141,64 +149,86 @@ func TestAdmitBudgets(t *testing.T) {
 		{"tokens", Limits{BudgetTokens: 2000}, func(tok int, _ int64) float64 { return float64(tok) }, 2000},
 		{"money", Limits{BudgetUSD: 0.005, BudgetPeriod: "month"}, func(_ int, micro int64) float64 { return float64(micro) / 1e6 }, 0.005},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx := context.Background()
-			now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-			st, err := store.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
-			newSvc := func() *Service {
-				s, err := New(ctx, Options{Store: st, RecordUsage: true, Now: func() time.Time { return now },
-					Price: func(string) config.Price { return price }})
+		for _, kind := range meterKinds() {
+			t.Run(tc.name+"/"+kind.name, func(t *testing.T) {
+				ctx := context.Background()
+				now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+				st, err := store.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
 				if err != nil {
 					t.Fatal(err)
 				}
-				return s
-			}
-			s := newSvc()
-			s.CreateTenant(ctx, "acme", tc.limits)
-			k, _, _ := s.CreateKey(ctx, KeyRequest{Tenant: "acme"})
-			pctx := WithPrincipal(ctx, Principal{TenantID: k.TenantID, KeyID: k.ID})
-			var mu sync.Mutex
-			var tokens int
-			var micro int64
-			var wg sync.WaitGroup
-			for i := range 200 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					w := httptest.NewRecorder()
-					adm, e := s.Admit(pctx, w, activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20, RequestID: fmt.Sprint(i)})
-					if e != nil {
-						if e.Status != http.StatusTooManyRequests || e.Code != "insufficient_quota" {
-							t.Errorf("refusal %d %s", e.Status, e.Code)
-						}
-						return
+				defer st.Close()
+				client := kind.client(t)
+				restarts := 0
+				// newSvc is a serve starting; with Redis, on counters of its
+				// own (a fresh Redis), so that it too must read the spend back.
+				newSvc := func() *Service {
+					restarts++
+					s, err := New(ctx, Options{Store: st, RecordUsage: true, Now: func() time.Time { return now },
+						Price: func(string) config.Price { return price }, Redis: client, RedisPrefix: fmt.Sprintf("run%d:", restarts)})
+					if err != nil {
+						t.Fatal(err)
 					}
-					u := openai.Usage{PromptTokens: 6, CompletionTokens: 20} // what the answer used
+					return s
+				}
+				s := newSvc()
+				s.CreateTenant(ctx, "acme", tc.limits)
+				k, _, _ := s.CreateKey(ctx, KeyRequest{Tenant: "acme"})
+				pctx := WithPrincipal(ctx, Principal{TenantID: k.TenantID, KeyID: k.ID})
+				var mu sync.Mutex
+				var tokens int
+				var micro int64
+				var wg sync.WaitGroup
+				for i := range 200 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						w := httptest.NewRecorder()
+						adm, e := s.Admit(pctx, w, activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20, RequestID: fmt.Sprint(i)})
+						if e != nil {
+							if e.Status != http.StatusTooManyRequests || e.Code != "insufficient_quota" {
+								t.Errorf("refusal %d %s", e.Status, e.Code)
+							}
+							return
+						}
+						u := openai.Usage{PromptTokens: 6, CompletionTokens: 20} // what the answer used
+						adm.Done(activator.Outcome{Status: http.StatusOK, Usage: u, Known: true})
+						mu.Lock()
+						tokens += 26
+						micro += costMicro(price, u)
+						mu.Unlock()
+					}()
+				}
+				wg.Wait()
+				// Refusals while others were in flight may have left room:
+				// spend it, one request at a time, to the last one's worth.
+				for {
+					adm, e := s.Admit(pctx, httptest.NewRecorder(), activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20})
+					if e != nil {
+						if e.Code != "insufficient_quota" {
+							t.Fatalf("refusal %d %s", e.Status, e.Code)
+						}
+						break
+					}
+					u := openai.Usage{PromptTokens: 6, CompletionTokens: 20}
 					adm.Done(activator.Outcome{Status: http.StatusOK, Usage: u, Known: true})
-					mu.Lock()
 					tokens += 26
 					micro += costMicro(price, u)
-					mu.Unlock()
-				}()
-			}
-			wg.Wait()
-			if got := tc.spent(tokens, micro); got > tc.budget || got < tc.budget*0.8 {
-				t.Fatalf("spent %v of a budget of %v", got, tc.budget)
-			}
-			// A restarted serve reads the spend back and stays within it.
-			s2 := newSvc()
-			if _, e := s2.Admit(pctx, httptest.NewRecorder(), activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20}); e == nil || e.Code != "insufficient_quota" {
-				t.Fatalf("after a restart the spent budget admitted a request: %v", e)
-			}
-			now = now.AddDate(0, 1, 0) // the next period (a day or a month on)
-			if _, e := s2.Admit(pctx, httptest.NewRecorder(), activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20}); e != nil {
-				t.Fatalf("in the next period: %v", e)
-			}
-		})
+				}
+				if got := tc.spent(tokens, micro); got > tc.budget || got < tc.budget*0.8 {
+					t.Fatalf("spent %v of a budget of %v", got, tc.budget)
+				}
+				// A restarted serve reads the spend back and stays within it.
+				s2 := newSvc()
+				if _, e := s2.Admit(pctx, httptest.NewRecorder(), activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20}); e == nil || e.Code != "insufficient_quota" {
+					t.Fatalf("after a restart the spent budget admitted a request: %v", e)
+				}
+				now = now.AddDate(0, 1, 0) // the next period (a day or a month on)
+				if _, e := s2.Admit(pctx, httptest.NewRecorder(), activator.AdmitRequest{Model: "m", PromptBytes: 10, MaxTokens: 20}); e != nil {
+					t.Fatalf("in the next period: %v", e)
+				}
+			})
+		}
 	}
 }
 
@@ -229,8 +259,14 @@ func TestKeyPriorityClass(t *testing.T) {
 // TestAdmitBudgetWithoutUsageRecords: with usage records off, a budget is
 // kept from this process's answers alone.
 func TestAdmitBudgetWithoutUsageRecords(t *testing.T) {
+	for _, kind := range meterKinds() {
+		t.Run(kind.name, func(t *testing.T) { testAdmitBudgetWithoutUsageRecords(t, kind) })
+	}
+}
+
+func testAdmitBudgetWithoutUsageRecords(t *testing.T, kind meterKind) {
 	ctx := context.Background()
-	s := newService(t, "", nil)
+	s := kind.service(t, Options{})
 	s.CreateTenant(ctx, "acme", Limits{BudgetTokens: 100})
 	k, _, _ := s.CreateKey(ctx, KeyRequest{Tenant: "acme"})
 	pctx := WithPrincipal(ctx, Principal{TenantID: k.TenantID, KeyID: k.ID})

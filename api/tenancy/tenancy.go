@@ -2,9 +2,15 @@
 // the operator's admin key. Keys are "sk-stoke-" and 256 random bits; only
 // their SHA-256 is stored (a key of that entropy needs no slow hash), and a
 // presented key is checked against an in-memory table of the hashes, so
-// authenticating a request costs one SHA-256 and a map read, never a
-// database query. Keys appear in no log, metric or error: only their
-// hints ("sk-stoke-AbC…wxyz") do.
+// authenticating a request costs one SHA-256 and a map read; only a hash
+// the table lacks (a key made through another gateway replica since the
+// last reload) costs one indexed query, and an unknown one is remembered
+// for a while. Keys appear in no log, metric or error: only their hints
+// ("sk-stoke-AbC…wxyz") do.
+//
+// The limits' counters live in this process (the default) or, for
+// several gateway replicas, in Redis (Options.Redis), where every replica
+// admits against the same counters.
 package tenancy
 
 import (
@@ -23,6 +29,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/stokehq/stoke/activator"
 	"github.com/stokehq/stoke/internal/config"
@@ -58,9 +66,52 @@ type Options struct {
 	// Registerer, when set, receives the stoke_tenant_* series.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
-	// Now is the clock (default time.Now).
+	// Now is the clock (default time.Now). Set, it is also the clock of
+	// the Redis meters' windows (else Redis's own; see Redis).
 	Now func() time.Time
+
+	// Redis, when set, holds the limits' counters (each tenant's and
+	// key's window of reservations, requests in flight, and budgets'
+	// reservations and spend), shared by every gateway replica on it:
+	// each admission is checked and reserved in one Lua script, each end
+	// settled in another, so the limits hold across replicas as they do
+	// in one process. Their windows run on Redis's clock (TIME) unless Now
+	// is set. When Redis cannot be reached, a limited request is refused
+	// with 503 service_unavailable, never admitted unlimited. Nil: the
+	// counters are this process's own.
+	Redis redis.UniversalClient
+	// RedisPrefix starts the name of every Redis key (default
+	// DefaultRedisPrefix), so that one Redis can serve several installs.
+	RedisPrefix string
+	// RedisLease is how long an admitted request counts as in flight (for
+	// max_concurrent and the budgets' reservations) when its end is never
+	// settled, as when its replica died (default DefaultRedisLease). A
+	// request running longer stops counting then.
+	RedisLease time.Duration
+	// Refresh, when positive, is how often Run rereads every key and
+	// limit from the state store, so that revocations and limit changes
+	// made through other replicas are seen here (0: never, as when one
+	// gateway is alone; changes made through this Service are seen at
+	// once either way).
+	Refresh time.Duration
 }
+
+// NegativeTTL is how long an unknown key's hash is remembered as
+// unknown: a flood of bad keys costs the state store one query per key
+// per NegativeTTL, and a key made through another replica is refused here
+// for at most this long when it was tried here before it existed.
+const NegativeTTL = 10 * time.Second
+
+// Bounds on looking keys up in the state store.
+const (
+	// maxNegative bounds the hashes remembered as unknown.
+	maxNegative = 1 << 16
+	// lookupSlots is how many lookups of different hashes run at once
+	// (the same hash's share one).
+	lookupSlots = 4
+	// lookupTimeout bounds one lookup.
+	lookupTimeout = 10 * time.Second
+)
 
 // Service authenticates keys and manages tenants and keys. Safe for
 // concurrent use.
@@ -73,8 +124,18 @@ type Service struct {
 	tenantLimits map[string]Limits // by tenant id
 	keyLimits    map[string]Limits // by key id
 	tenantNames  map[string]string // by tenant id
+	// negative holds hashes the store did not know, until when.
+	negative map[[sha256.Size]byte]time.Time
+	// generation counts reloads: a lookup that raced one (and may have
+	// read the store before a change this Service made) adds nothing.
+	generation uint64
 
-	limits limiter
+	// lookups coalesces concurrent lookups of one hash; lookupSlots
+	// bounds those of different hashes.
+	lookups     singleflight.Group
+	lookupSlots chan struct{}
+
+	meters meters
 	usage  *usageLog // nil: usage records off
 }
 
@@ -83,27 +144,57 @@ func New(ctx context.Context, o Options) (*Service, error) {
 	if o.Store == nil {
 		return nil, errors.New("new tenancy service: a state store is required")
 	}
+	serverClock := o.Now == nil
 	if o.Now == nil {
 		o.Now = time.Now
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Service{o: o}
+	s := &Service{o: o, lookupSlots: make(chan struct{}, lookupSlots)}
 	if o.RecordUsage {
 		s.usage = newUsageLog(o.Store, o.Logger.With("component", "usage"), o.Registerer)
+	}
+	if o.Redis != nil {
+		s.meters = newRedisMeters(ctx, o.Redis, o.RedisPrefix, o.RedisLease, serverClock, s.spendSince, o.Logger.With("component", "limits"))
+	} else {
+		s.meters = &memMeters{spend: s.spendSince}
 	}
 	if o.AdminKey != "" {
 		s.adminHash = sha256.Sum256([]byte(o.AdminKey))
 	}
-	if err := s.reload(ctx); err != nil {
+	if err := s.Reload(ctx); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// reload rereads every key and tenant's limits into the in-memory tables.
-func (s *Service) reload(ctx context.Context) error {
+// Run rereads the keys and limits every Options.Refresh (Reload) until
+// ctx ends; with no Refresh it returns at once. A failed reload is logged
+// and the tables of the last one kept.
+func (s *Service) Run(ctx context.Context) {
+	if s.o.Refresh <= 0 {
+		return
+	}
+	t := time.NewTicker(s.o.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := s.Reload(ctx); err != nil && ctx.Err() == nil {
+				s.o.Logger.Error("reload API keys and limits", "err", err)
+			}
+		}
+	}
+}
+
+// Reload rereads every key and tenant's limits from the state store into
+// the in-memory tables and forgets the hashes remembered as unknown: what
+// other replicas changed (a revoked key, new limits) holds here from now
+// on. Run calls it every Options.Refresh.
+func (s *Service) Reload(ctx context.Context) error {
 	keys, err := s.o.Store.APIKeys(ctx, "")
 	if err != nil {
 		return fmt.Errorf("load API keys: %w", err)
@@ -130,6 +221,8 @@ func (s *Service) reload(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.byHash, s.keyLimits, s.tenantLimits, s.tenantNames = m, kl, tl, names
+	s.negative = map[[sha256.Size]byte]time.Time{}
+	s.generation++
 	s.mu.Unlock()
 	return nil
 }
@@ -168,14 +261,29 @@ func (s *Service) IsAdmin(token string) bool {
 	return subtle.ConstantTimeCompare(h[:], s.adminHash[:]) == 1
 }
 
-// Authenticate returns the principal of a tenant key, or an error wrapping
-// ErrInvalidKey (unknown, revoked or expired) whose message shows only the
-// key's hint.
+// Authenticate is AuthenticateContext with no deadline but the lookup's
+// own, for callers without a context; prefer AuthenticateContext.
 func (s *Service) Authenticate(token string) (Principal, error) {
+	return s.AuthenticateContext(context.Background(), token)
+}
+
+// AuthenticateContext returns the principal of a tenant key, or an error
+// wrapping ErrInvalidKey (unknown, revoked or expired) whose message shows
+// only the key's hint. A key this Service has not loaded is looked up in
+// the state store (it may have been made through another replica); a
+// failure of that lookup is an error not wrapping ErrInvalidKey, to answer
+// as the server's failure (503), not the client's.
+func (s *Service) AuthenticateContext(ctx context.Context, token string) (Principal, error) {
 	h := sha256.Sum256([]byte(token))
 	s.mu.RLock()
 	k, ok := s.byHash[h]
 	s.mu.RUnlock()
+	if !ok {
+		var err error
+		if k, ok, err = s.lookup(ctx, h); err != nil {
+			return Principal{}, fmt.Errorf("authenticate %s: %w", Hint(token), err)
+		}
+	}
 	switch {
 	case !ok || subtle.ConstantTimeCompare(h[:], k.Hash) != 1:
 		return Principal{}, fmt.Errorf("%w: incorrect API key provided: %s", ErrInvalidKey, Hint(token))
@@ -185,6 +293,100 @@ func (s *Service) Authenticate(token string) (Principal, error) {
 		return Principal{}, fmt.Errorf("%w: the API key %s expired", ErrInvalidKey, k.Hint)
 	}
 	return Principal{TenantID: k.TenantID, KeyID: k.ID, Models: k.Models, Priority: k.Priority}, nil
+}
+
+// lookup finds the key whose hash is h in the state store and adds it,
+// with its tenant's limits, to the tables; ok is false for a hash the
+// store does not know, which is then remembered as unknown for
+// NegativeTTL. Concurrent lookups of one hash share one query, and at
+// most lookupSlots queries run at once.
+func (s *Service) lookup(ctx context.Context, h [sha256.Size]byte) (k store.APIKey, ok bool, err error) {
+	now := s.o.Now()
+	s.mu.RLock()
+	until, unknown := s.negative[h]
+	s.mu.RUnlock()
+	if unknown && now.Before(until) {
+		return store.APIKey{}, false, nil
+	}
+	ch := s.lookups.DoChan(string(h[:]), func() (any, error) {
+		// Shared by every caller waiting on this hash: none's end ends it.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
+		defer cancel()
+		select {
+		case s.lookupSlots <- struct{}{}:
+			defer func() { <-s.lookupSlots }()
+		case <-ctx.Done():
+			return nil, fmt.Errorf("look up the key: %w", ctx.Err())
+		}
+		s.mu.RLock()
+		gen := s.generation
+		s.mu.RUnlock()
+		k, t, err := s.o.Store.APIKeyByHash(ctx, h[:])
+		if errors.Is(err, store.ErrNotFound) {
+			s.rememberUnknown(gen, h, now)
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("look up the key: %w", err)
+		}
+		if err := s.learn(gen, h, k, t); err != nil {
+			return nil, err
+		}
+		return k, nil
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil || r.Val == nil {
+			return store.APIKey{}, false, r.Err
+		}
+		return r.Val.(store.APIKey), true, nil
+	case <-ctx.Done():
+		return store.APIKey{}, false, fmt.Errorf("look up the key: %w", ctx.Err())
+	}
+}
+
+// rememberUnknown notes h as unknown to the store until NegativeTTL after
+// now (unless maxNegative live hashes are noted already, or the tables
+// were reloaded since generation gen).
+func (s *Service) rememberUnknown(gen uint64, h [sha256.Size]byte, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen != s.generation {
+		return
+	}
+	if len(s.negative) >= maxNegative {
+		for k, until := range s.negative {
+			if !now.Before(until) {
+				delete(s.negative, k)
+			}
+		}
+		if len(s.negative) >= maxNegative {
+			return
+		}
+	}
+	s.negative[h] = now.Add(NegativeTTL)
+}
+
+// learn adds the key k (hash h), found in the store, and its tenant t to
+// the tables, unless they were reloaded since generation gen (the reload
+// may know better).
+func (s *Service) learn(gen uint64, h [sha256.Size]byte, k store.APIKey, t store.Tenant) error {
+	kl, err := parseLimits(k.Limits)
+	if err != nil {
+		return fmt.Errorf("load key %s: %w", k.ID, err)
+	}
+	tl, err := parseLimits(t.Limits)
+	if err != nil {
+		return fmt.Errorf("load tenant %s: %w", t.ID, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen != s.generation {
+		return nil
+	}
+	s.byHash[h], s.keyLimits[k.ID] = k, kl
+	s.tenantLimits[t.ID], s.tenantNames[t.ID] = tl, t.Name
+	return nil
 }
 
 // Hint is what may be shown of a key: its prefix and first and last
@@ -217,7 +419,7 @@ func (s *Service) CreateTenant(ctx context.Context, name string, limits Limits) 
 		}
 		return store.Tenant{}, err
 	}
-	return t, s.reload(ctx)
+	return t, s.Reload(ctx)
 }
 
 // SetTenantLimits replaces a tenant's limits (by id or name).
@@ -232,7 +434,7 @@ func (s *Service) SetTenantLimits(ctx context.Context, tenant string, limits Lim
 	if err := s.o.Store.SetTenantLimits(ctx, t.ID, t.Limits); err != nil {
 		return store.Tenant{}, err
 	}
-	return t, s.reload(ctx)
+	return t, s.Reload(ctx)
 }
 
 // SetKeyLimits replaces a key's own limits.
@@ -252,7 +454,7 @@ func (s *Service) changeKey(ctx context.Context, id string, change func() error)
 		}
 		return store.APIKey{}, err
 	}
-	if err := s.reload(ctx); err != nil {
+	if err := s.Reload(ctx); err != nil {
 		return store.APIKey{}, err
 	}
 	return s.key(ctx, id)
@@ -286,7 +488,7 @@ func (s *Service) DeleteTenant(ctx context.Context, id string) error {
 		}
 		return err
 	}
-	return s.reload(ctx)
+	return s.Reload(ctx)
 }
 
 // KeyRequest is a key to create.
@@ -340,7 +542,7 @@ func (s *Service) CreateKey(ctx context.Context, req KeyRequest) (store.APIKey, 
 	if err := s.o.Store.CreateAPIKey(ctx, k); err != nil {
 		return store.APIKey{}, "", err
 	}
-	return k, key, s.reload(ctx)
+	return k, key, s.Reload(ctx)
 }
 
 // tenant finds a tenant by id or name.

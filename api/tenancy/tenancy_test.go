@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stokehq/stoke/api/tenancy/redistest"
 	"github.com/stokehq/stoke/internal/store"
 )
 
@@ -89,4 +92,63 @@ func TestKeysAuthenticate(t *testing.T) {
 	if s.HasKeys() {
 		t.Fatal("the deleted tenant's keys are still known")
 	}
+}
+
+// meterKind is where a test's limits' counters live.
+type meterKind struct {
+	name string
+	// redis: in a private Redis (redistest), else in the process.
+	redis bool
+}
+
+// meterKinds are the meters every limits test runs against.
+func meterKinds() []meterKind {
+	return []meterKind{{name: "memory"}, {name: "redis", redis: true}}
+}
+
+// client is a client of a fresh private Redis for the redis kind (nil
+// for memory).
+func (k meterKind) client(t *testing.T) redis.UniversalClient {
+	t.Helper()
+	if !k.redis {
+		return nil
+	}
+	c := redis.NewClient(&redis.Options{Addr: redistest.Start(t)})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// service is a Service of o (on a fresh store unless o has one) with the
+// kind's meters.
+func (k meterKind) service(t *testing.T, o Options) *Service {
+	t.Helper()
+	if o.Store == nil {
+		st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "state.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		o.Store = st
+	}
+	if o.Redis == nil {
+		o.Redis = k.client(t)
+	}
+	s, err := New(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// testService is a Service of o on a fresh store unless o has one (its
+// meters o's: in Redis when o.Redis is set).
+func testService(t *testing.T, o Options) *Service {
+	t.Helper()
+	return meterKind{}.service(t, o)
+}
+
+// redisClient is a client of a fresh private Redis.
+func redisClient(t *testing.T) redis.UniversalClient {
+	t.Helper()
+	return meterKind{redis: true}.client(t)
 }

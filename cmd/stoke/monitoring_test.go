@@ -20,11 +20,12 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// The monitoring files under deploy/, from this package's directory.
+// The monitoring files in deploy/'s Helm chart, from this package's
+// directory.
 const (
-	rulesFile     = "../../deploy/prometheus/stoke-rules.yaml"
-	rulesTestFile = "../../deploy/prometheus/stoke-rules.test.yaml"
-	dashboardFile = "../../deploy/grafana/stoke-dashboard.json"
+	rulesFile     = "../../deploy/helm/stoke/files/prometheus/stoke-rules.yaml"
+	rulesTestFile = "../../deploy/helm/stoke/files/prometheus/stoke-rules.test.yaml"
+	dashboardFile = "../../deploy/helm/stoke/files/grafana/stoke-dashboard.json"
 )
 
 // monitoringTools returns the paths of promtool and prometheus, skipping

@@ -201,7 +201,7 @@ func (s *Store) CreateBatch(ctx context.Context, b Batch) error {
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, b.ID, b.Owner, models, b.InputFileID, b.Endpoint, b.CompletionWindow, string(b.Metadata),
 			BatchValidating, stamp(b.CreatedAt), stamp(b.ExpiresAt))
 		if err != nil {
-			if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+			if isUniqueViolation(err) {
 				return fmt.Errorf("create batch %s: %w: id already recorded", b.ID, ErrInvalid)
 			}
 			return fmt.Errorf("create batch %s: %w", b.ID, err)
@@ -357,7 +357,7 @@ func insertLines(ctx context.Context, tx *sql.Tx, id string, lines []BatchLine) 
 	defer stmt.Close()
 	for _, l := range lines {
 		if _, err := stmt.ExecContext(ctx, id, l.Line, l.CustomID, string(l.Body)); err != nil {
-			if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+			if isUniqueViolation(err) {
 				return fmt.Errorf("record line %d of batch %s: %w: custom_id %q or line already recorded", l.Line, id, ErrInvalid, l.CustomID)
 			}
 			return fmt.Errorf("record line %d of batch %s: %w", l.Line, id, err)

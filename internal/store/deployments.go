@@ -37,7 +37,7 @@ func (s *Store) PutDeployment(ctx context.Context, d Deployment) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO deployments (name, revision, spec, pinned, updated_at) VALUES (?, ?, ?, ?, ?)
 			ON CONFLICT (name) DO UPDATE SET revision = excluded.revision, spec = excluded.spec, pinned = excluded.pinned,
 				updated_at = excluded.updated_at`,
-			d.Name, d.Revision, spec, d.Pinned, time.Now().UnixMilli())
+			d.Name, d.Revision, spec, boolInt(d.Pinned), time.Now().UnixMilli())
 		if err != nil {
 			return fmt.Errorf("put deployment %s: %w", d.Name, err)
 		}
@@ -83,4 +83,13 @@ func scanDeployment(scan func(...any) error) (Deployment, error) {
 	}
 	d.Spec, d.UpdatedAt = json.RawMessage(spec), time.UnixMilli(updated)
 	return d, nil
+}
+
+// boolInt is the storage form of a flag: 1 or 0 (both databases' INTEGER
+// columns; pgx does not write a bool into one).
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -59,7 +59,7 @@ func (s *Store) CreateFile(ctx context.Context, f File) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO files (id, owner, filename, purpose, bytes, lines, blob_key, created_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, f.ID, f.Owner, f.Filename, f.Purpose, f.Bytes, f.Lines, f.BlobKey, stamp(f.CreatedAt))
 		if err != nil {
-			if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+			if isUniqueViolation(err) {
 				return fmt.Errorf("create file %s: %w: id already recorded", f.ID, ErrInvalid)
 			}
 			return fmt.Errorf("create file %s: %w", f.ID, err)

@@ -19,7 +19,9 @@ import (
 
 // The usage journal is where usage records become durable on a request's
 // path: one write(2) of JSON lines to an append-only file beside the
-// database, which the kernel keeps whatever happens to the process. A
+// database (on PostgreSQL, in the gateway's data directory: each gateway
+// has its own, all draining into the shared table), which the kernel keeps
+// whatever happens to the process. A
 // drainer moves the lines into the usage table in batches, off the path,
 // and Open replays what a killed process left behind. A line cut short
 // (only the machine losing power mid-write can do that) does not parse and
@@ -27,9 +29,10 @@ import (
 // the table keeps unique, so lines drained twice (a kill between their
 // insert and the journal's removal) are recorded once.
 //
-// One process owns a database's journal at a time (a flock); another
-// that opens the same database reads the usage table as drained so far
-// and cannot append (ErrJournalHeld).
+// One process owns a journal at a time (a flock); another that opens the
+// same SQLite database (or a PostgreSQL one with the same data directory)
+// reads the usage table as drained so far and cannot append
+// (ErrJournalHeld).
 
 // ErrJournalHeld is returned by AppendUsage when another process owns the
 // database's usage journal.

@@ -95,13 +95,9 @@ func (s *Store) StartRollout(ctx context.Context, r Rollout) (Rollout, error) {
 		if n > 0 {
 			return fmt.Errorf("%w: a rollout is in canary already", ErrIllegalTransition)
 		}
-		res, err := tx.ExecContext(ctx, `INSERT INTO rollouts (deployment, stable, candidate, canary_percent, spec, state, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, r.Deployment, r.Stable, r.Candidate, r.CanaryPercent, string(spec), string(RolloutCanary), stamp(now), stamp(now))
-		if err != nil {
-			return err
-		}
-		r.ID, err = res.LastInsertId()
-		return err
+		return tx.QueryRowContext(ctx, `INSERT INTO rollouts (deployment, stable, candidate, canary_percent, spec, state, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`, r.Deployment, r.Stable, r.Candidate, r.CanaryPercent, string(spec), string(RolloutCanary),
+			stamp(now), stamp(now)).Scan(&r.ID)
 	})
 	if err != nil {
 		return Rollout{}, fmt.Errorf("%s: %w", what, err)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -54,7 +53,7 @@ func (s *Store) CreateTenant(ctx context.Context, t Tenant) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO tenants (id, name, limits, created_at) VALUES (?, ?, ?, ?)`, t.ID, t.Name, string(t.Limits), stamp(t.CreatedAt))
 		if err != nil {
-			if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+			if isUniqueViolation(err) {
 				return fmt.Errorf("create tenant %q: %w", t.Name, ErrExists)
 			}
 			return fmt.Errorf("create tenant %q: %w", t.Name, err)

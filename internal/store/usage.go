@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -31,7 +32,9 @@ type UsageRecord struct {
 // AppendUsage records rs on a request's path: durable, against the
 // process being killed, when it returns (one write to the usage journal;
 // the machine losing power may lose the last ones), in the usage table
-// within a fraction of a second, and seen by every read of usage at once.
+// within a fraction of a second, and seen by every read of usage through
+// this Store at once (through other gateways sharing a PostgreSQL
+// database, once drained).
 func (s *Store) AppendUsage(rs []UsageRecord) error {
 	for i := range rs {
 		if rs[i].CreatedAt.IsZero() {
@@ -55,9 +58,9 @@ func (s *Store) InsertUsage(ctx context.Context, rs []UsageRecord) error {
 		return nil
 	}
 	return s.tx(ctx, func(tx *sql.Tx) error {
-		stmt, err := tx.PrepareContext(ctx, `INSERT OR IGNORE INTO usage (request_id, tenant_id, key_id, model, status, prompt_tokens,
+		stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage (request_id, tenant_id, key_id, model, status, prompt_tokens,
 			completion_tokens, cached_tokens, ttft_us, duration_us, cost_micro_usd, created_at, entry, route, served, fallbacks)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`)
 		if err != nil {
 			return fmt.Errorf("record usage: %w", err)
 		}
@@ -105,7 +108,7 @@ func (s *Store) UsageTotals(ctx context.Context, q UsageQuery) ([]UsageTotal, er
 	if err := s.FlushUsage(ctx); err != nil {
 		return nil, err
 	}
-	where, args := "1", []any{}
+	where, args := "1 = 1", []any{}
 	if q.Tenant != "" || q.ExactTenant {
 		where, args = where+" AND tenant_id = ?", append(args, q.Tenant)
 	}
@@ -118,8 +121,10 @@ func (s *Store) UsageTotals(ctx context.Context, q UsageQuery) ([]UsageTotal, er
 	if !q.Until.IsZero() {
 		where, args = where+" AND created_at < ?", append(args, stamp(q.Until))
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT tenant_id, model, date(created_at / 1000000000, 'unixepoch') AS day, COUNT(*),
-		SUM(prompt_tokens), SUM(completion_tokens), SUM(cached_tokens) FROM usage WHERE `+where+`
+	// The day is the number of whole UTC days since the epoch (integer
+	// division, as both databases do it), named in Go.
+	rows, err := s.db.QueryContext(ctx, `SELECT tenant_id, model, created_at / `+strconv.FormatInt(int64(24*time.Hour), 10)+` AS day, COUNT(*),
+		CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT), CAST(SUM(cached_tokens) AS BIGINT) FROM usage WHERE `+where+`
 		GROUP BY tenant_id, model, day ORDER BY day, tenant_id, model`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("sum usage: %w", err)
@@ -128,9 +133,11 @@ func (s *Store) UsageTotals(ctx context.Context, q UsageQuery) ([]UsageTotal, er
 	var out []UsageTotal
 	for rows.Next() {
 		var u UsageTotal
-		if err := rows.Scan(&u.TenantID, &u.Model, &u.Day, &u.Requests, &u.PromptTokens, &u.CompletionTokens, &u.CachedTokens); err != nil {
+		var day int64
+		if err := rows.Scan(&u.TenantID, &u.Model, &day, &u.Requests, &u.PromptTokens, &u.CompletionTokens, &u.CachedTokens); err != nil {
 			return nil, fmt.Errorf("sum usage: %w", err)
 		}
+		u.Day = unstamp(day * int64(24*time.Hour)).Format(time.DateOnly)
 		out = append(out, u)
 	}
 	if err := rows.Err(); err != nil {
@@ -170,7 +177,8 @@ func (s *Store) UsageSpend(ctx context.Context, tenantID, keyID string, since ti
 	if keyID != "" {
 		col, id = "key_id", keyID
 	}
-	err = s.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0), COALESCE(SUM(cost_micro_usd), 0)
+	err = s.db.QueryRowContext(ctx, `SELECT CAST(COALESCE(SUM(prompt_tokens + completion_tokens), 0) AS BIGINT),
+		CAST(COALESCE(SUM(cost_micro_usd), 0) AS BIGINT)
 		FROM usage WHERE `+col+` = ? AND status = 200 AND created_at >= ?`, id, stamp(since)).Scan(&tokens, &microUSD)
 	if err != nil {
 		return 0, 0, fmt.Errorf("sum spend of %s: %w", id, err)

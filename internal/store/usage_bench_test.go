@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 )
@@ -16,12 +15,17 @@ func BenchmarkUsageRecord(b *testing.B) {
 		return UsageRecord{RequestID: fmt.Sprint("req-", i), TenantID: "t", KeyID: "k", Model: "chat", Status: 200,
 			PromptTokens: 10, CompletionTokens: 1, TTFT: time.Millisecond, Duration: time.Millisecond, CreatedAt: time.Now()}
 	}
+	for _, bk := range backends() {
+		b.Run(bk.name, func(b *testing.B) { benchmarkUsageRecord(b, bk, rec) })
+	}
+}
+
+func benchmarkUsageRecord(b *testing.B, bk backend, rec func(int) UsageRecord) {
+	// open opens a fresh store outside the measured time (a PostgreSQL
+	// database takes a while to create).
 	open := func(b *testing.B) *Store {
-		st, err := Open(context.Background(), filepath.Join(b.TempDir(), "state.db"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { st.Close() })
+		st := bk.open(b)
+		b.ResetTimer()
 		return st
 	}
 	b.Run("append", func(b *testing.B) {

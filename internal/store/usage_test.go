@@ -11,9 +11,9 @@ import (
 // usageFixture records usage of two tenants and of no tenant, on two
 // models, over three UTC days (one record a nanosecond before midnight,
 // one at midnight), and returns the store.
-func usageFixture(t *testing.T) *Store {
+func usageFixture(t *testing.T, bk backend) *Store {
 	t.Helper()
-	s := openTemp(t)
+	s := bk.open(t)
 	day := func(d, h, m int) time.Time { return time.Date(2025, 3, d, h, m, 0, 0, time.UTC) }
 	rec := func(id, tenant, model string, at time.Time, prompt, completion, cached int) UsageRecord {
 		return UsageRecord{RequestID: id, TenantID: tenant, KeyID: "key-" + tenant, Model: model, Status: 200,
@@ -50,119 +50,127 @@ func totalsString(us []UsageTotal) string {
 }
 
 func TestUsageTotalsGroupsAndFilters(t *testing.T) {
-	s := usageFixture(t)
-	ctx := context.Background()
-	since := time.Date(2025, 3, 2, 0, 0, 0, 0, time.UTC)
-	until := time.Date(2025, 3, 3, 0, 0, 0, 0, time.UTC)
-	for _, c := range []struct {
-		name string
-		q    UsageQuery
-		want string
-	}{
-		{"all, by day then tenant then model", UsageQuery{}, `2025-03-01 "tnt_a" chat 2 30 11 4
+	eachBackend(t, func(t *testing.T, bk backend) {
+		s := usageFixture(t, bk)
+		ctx := context.Background()
+		since := time.Date(2025, 3, 2, 0, 0, 0, 0, time.UTC)
+		until := time.Date(2025, 3, 3, 0, 0, 0, 0, time.UTC)
+		for _, c := range []struct {
+			name string
+			q    UsageQuery
+			want string
+		}{
+			{"all, by day then tenant then model", UsageQuery{}, `2025-03-01 "tnt_a" chat 2 30 11 4
 2025-03-01 "tnt_b" chat 1 1 1 1
 2025-03-02 "" chat 1 100 50 25
 2025-03-02 "tnt_a" chat 1 30 7 0
 2025-03-02 "tnt_a" embed 1 40 0 0
 2025-03-03 "tnt_b" chat 1 2 2 2
 `},
-		{"one tenant", UsageQuery{Tenant: "tnt_a"}, `2025-03-01 "tnt_a" chat 2 30 11 4
+			{"one tenant", UsageQuery{Tenant: "tnt_a"}, `2025-03-01 "tnt_a" chat 2 30 11 4
 2025-03-02 "tnt_a" chat 1 30 7 0
 2025-03-02 "tnt_a" embed 1 40 0 0
 `},
-		{"no tenant only", UsageQuery{ExactTenant: true}, `2025-03-02 "" chat 1 100 50 25
+			{"no tenant only", UsageQuery{ExactTenant: true}, `2025-03-02 "" chat 1 100 50 25
 `},
-		{"exact tenant named", UsageQuery{Tenant: "tnt_b", ExactTenant: true}, `2025-03-01 "tnt_b" chat 1 1 1 1
+			{"exact tenant named", UsageQuery{Tenant: "tnt_b", ExactTenant: true}, `2025-03-01 "tnt_b" chat 1 1 1 1
 2025-03-03 "tnt_b" chat 1 2 2 2
 `},
-		{"one model", UsageQuery{Model: "embed"}, `2025-03-02 "tnt_a" embed 1 40 0 0
+			{"one model", UsageQuery{Model: "embed"}, `2025-03-02 "tnt_a" embed 1 40 0 0
 `},
-		{"tenant and model", UsageQuery{Tenant: "tnt_b", Model: "chat"}, `2025-03-01 "tnt_b" chat 1 1 1 1
+			{"tenant and model", UsageQuery{Tenant: "tnt_b", Model: "chat"}, `2025-03-01 "tnt_b" chat 1 1 1 1
 2025-03-03 "tnt_b" chat 1 2 2 2
 `},
-		{"since included, until excluded", UsageQuery{Since: since, Until: until}, `2025-03-02 "" chat 1 100 50 25
+			{"since included, until excluded", UsageQuery{Since: since, Until: until}, `2025-03-02 "" chat 1 100 50 25
 2025-03-02 "tnt_a" chat 1 30 7 0
 2025-03-02 "tnt_a" embed 1 40 0 0
 `},
-		{"since only", UsageQuery{Since: until}, `2025-03-03 "tnt_b" chat 1 2 2 2
+			{"since only", UsageQuery{Since: until}, `2025-03-03 "tnt_b" chat 1 2 2 2
 `},
-		{"until only, a nanosecond before midnight kept", UsageQuery{Until: since, Tenant: "tnt_a"}, `2025-03-01 "tnt_a" chat 2 30 11 4
+			{"until only, a nanosecond before midnight kept", UsageQuery{Until: since, Tenant: "tnt_a"}, `2025-03-01 "tnt_a" chat 2 30 11 4
 `},
-		{"unknown tenant", UsageQuery{Tenant: "tnt_zzz"}, ""},
-		{"unknown model", UsageQuery{Model: "nope"}, ""},
-		{"empty range", UsageQuery{Since: until, Until: since}, ""},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			got, err := s.UsageTotals(ctx, c.q)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if g := totalsString(got); g != c.want {
-				t.Errorf("totals of %+v:\n%s\nwant:\n%s", c.q, g, c.want)
-			}
-		})
-	}
+			{"unknown tenant", UsageQuery{Tenant: "tnt_zzz"}, ""},
+			{"unknown model", UsageQuery{Model: "nope"}, ""},
+			{"empty range", UsageQuery{Since: until, Until: since}, ""},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				got, err := s.UsageTotals(ctx, c.q)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if g := totalsString(got); g != c.want {
+					t.Errorf("totals of %+v:\n%s\nwant:\n%s", c.q, g, c.want)
+				}
+			})
+		}
+	})
 }
 
 // TestUsageTotalsAddUp: whatever the filter, the totals' sums are the
 // records' sums, and the per-tenant totals partition the whole.
 func TestUsageTotalsAddUp(t *testing.T) {
-	s := usageFixture(t)
-	ctx := context.Background()
-	sum := func(us []UsageTotal) [4]int64 {
-		var out [4]int64
-		for _, u := range us {
-			out[0] += int64(u.Requests)
-			out[1] += u.PromptTokens
-			out[2] += u.CompletionTokens
-			out[3] += u.CachedTokens
+	eachBackend(t, func(t *testing.T, bk backend) {
+		s := usageFixture(t, bk)
+		ctx := context.Background()
+		sum := func(us []UsageTotal) [4]int64 {
+			var out [4]int64
+			for _, u := range us {
+				out[0] += int64(u.Requests)
+				out[1] += u.PromptTokens
+				out[2] += u.CompletionTokens
+				out[3] += u.CachedTokens
+			}
+			return out
 		}
-		return out
-	}
-	all, err := s.UsageTotals(ctx, UsageQuery{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := sum(all), [4]int64{7, 203, 71, 32}; got != want {
-		t.Fatalf("sums of every total = %v, want %v", got, want)
-	}
-	var parts [4]int64
-	for _, q := range []UsageQuery{{Tenant: "tnt_a"}, {Tenant: "tnt_b"}, {ExactTenant: true}} {
-		us, err := s.UsageTotals(ctx, q)
+		all, err := s.UsageTotals(ctx, UsageQuery{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, v := range sum(us) {
-			parts[i] += v
+		if got, want := sum(all), [4]int64{7, 203, 71, 32}; got != want {
+			t.Fatalf("sums of every total = %v, want %v", got, want)
 		}
-	}
-	if parts != sum(all) {
-		t.Fatalf("per-tenant sums %v, every tenant's %v", parts, sum(all))
-	}
-	ids, err := s.UsageRequestIDs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := map[string]int{"a1": 1, "a2": 1, "a3": 1, "a4": 1, "b1": 1, "b2": 1, "n1": 1}; !reflect.DeepEqual(ids, want) {
-		t.Fatalf("request ids %v, want %v", ids, want)
-	}
+		var parts [4]int64
+		for _, q := range []UsageQuery{{Tenant: "tnt_a"}, {Tenant: "tnt_b"}, {ExactTenant: true}} {
+			us, err := s.UsageTotals(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range sum(us) {
+				parts[i] += v
+			}
+		}
+		if parts != sum(all) {
+			t.Fatalf("per-tenant sums %v, every tenant's %v", parts, sum(all))
+		}
+		ids, err := s.UsageRequestIDs(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[string]int{"a1": 1, "a2": 1, "a3": 1, "a4": 1, "b1": 1, "b2": 1, "n1": 1}; !reflect.DeepEqual(ids, want) {
+			t.Fatalf("request ids %v, want %v", ids, want)
+		}
+	})
 }
 
 func TestUsageTotalsEmpty(t *testing.T) {
-	s := openTemp(t)
-	got, err := s.UsageTotals(context.Background(), UsageQuery{Tenant: "tnt_a", Model: "chat"})
-	if err != nil || len(got) != 0 {
-		t.Fatalf("totals of an empty store = %v, %v", got, err)
-	}
-	if err := s.InsertUsage(context.Background(), nil); err != nil {
-		t.Fatalf("inserting nothing: %v", err)
-	}
+	eachBackend(t, func(t *testing.T, bk backend) {
+		s := bk.open(t)
+		got, err := s.UsageTotals(context.Background(), UsageQuery{Tenant: "tnt_a", Model: "chat"})
+		if err != nil || len(got) != 0 {
+			t.Fatalf("totals of an empty store = %v, %v", got, err)
+		}
+		if err := s.InsertUsage(context.Background(), nil); err != nil {
+			t.Fatalf("inserting nothing: %v", err)
+		}
+	})
 }
 
 func TestUsageTotalsClosedStore(t *testing.T) {
-	s := openTemp(t)
-	s.Close()
-	if _, err := s.UsageTotals(context.Background(), UsageQuery{}); err == nil {
-		t.Fatal("totals of a closed store: no error")
-	}
+	eachBackend(t, func(t *testing.T, bk backend) {
+		s := bk.open(t)
+		s.Close()
+		if _, err := s.UsageTotals(context.Background(), UsageQuery{}); err == nil {
+			t.Fatal("totals of a closed store: no error")
+		}
+	})
 }
