@@ -68,16 +68,3 @@ func (m *Manager) freeSlotLocked() int {
 	}
 	return -1
 }
-
-// stopCordoned stops a released replica of a cordoned slot (draining →
-// gone), freeing the slot; its requests were drained by whoever released
-// it.
-func (m *Manager) stopCordoned(r *runtimeState) {
-	m.mu.Lock()
-	drain, model := canMove(r.state, StateDraining), r.model
-	m.mu.Unlock()
-	if drain {
-		m.setState(r, StateDraining, model, "released in a cordoned slot")
-	}
-	m.markGone(r, "released in a cordoned slot")
-}

@@ -86,6 +86,12 @@ type Options struct {
 	// runtime failing HealthFailures (default 3) in a row is stopped.
 	HealthInterval time.Duration
 	HealthFailures int
+	// RetireSurplus stops a released runtime that went back to blank when
+	// the warm pool is full without it. A node's processes use only the
+	// node's own slots, and a blank one left there makes the next cold
+	// start cheaper; a cluster's pods hold capacity other work could use,
+	// so scaling to zero must delete them.
+	RetireSurplus bool
 	// StopGrace is how long a stopped runtime may drain (default 10 s).
 	StopGrace time.Duration
 	// KeepOnClose leaves runtimes running when the manager closes, for the
@@ -456,6 +462,7 @@ func (m *Manager) Acquire(ctx context.Context, model, revision string) (*Replica
 	}
 	m.setState(r, StateReady, model, "")
 	rep.Breakdown.Total = time.Since(start)
+	rep.Addr = r.proc.Addr() // known now that it serves, whatever the backend
 	m.fillPool()
 	m.log.Info("acquired a replica", "runtime", r.id, "model", model, "revision", rep.Revision, "tier", rep.Tier, "load_tier", rep.LoadTier, "seconds", rep.Breakdown.Total.Seconds())
 	return rep, nil
@@ -650,7 +657,7 @@ func (m *Manager) Release(ctx context.Context, id string) error {
 	}
 	if m.cordonedLocked(r.slot) {
 		m.mu.Unlock()
-		m.stopCordoned(r)
+		m.retire(r, "released in a cordoned slot")
 		return nil
 	}
 	var sleeping int64
@@ -682,8 +689,36 @@ func (m *Manager) Release(ctx context.Context, id string) error {
 	}
 	m.mu.Lock()
 	r.inUse, r.lastUsed = false, time.Now()
+	surplus := m.opts.RetireSurplus && !canSleep && m.warmLocked() > m.opts.Warm
 	m.mu.Unlock()
+	if surplus { // a blank runtime beyond the warm pool frees its slot
+		m.retire(r, "released beyond the warm pool")
+	}
 	return nil
+}
+
+// retire stops a released runtime (draining → gone), freeing its slot;
+// its requests were drained by whoever released it.
+func (m *Manager) retire(r *runtimeState, reason string) {
+	m.mu.Lock()
+	drain, model := canMove(r.state, StateDraining), r.model
+	m.mu.Unlock()
+	if drain {
+		m.setState(r, StateDraining, model, reason)
+	}
+	m.markGone(r, reason)
+}
+
+// warmLocked counts the blank and starting runtimes no one holds; m.mu is
+// held.
+func (m *Manager) warmLocked() int {
+	warm := 0
+	for _, r := range m.runtimes {
+		if !r.inUse && (r.state == StateBlank || r.state == StateStarting) {
+			warm++
+		}
+	}
+	return warm
 }
 
 // SetSleepLimit caps how many replicas of model Release keeps asleep; a
@@ -840,13 +875,7 @@ func (m *Manager) fillPool() {
 	if m.closed {
 		return
 	}
-	warm := 0
-	for _, r := range m.runtimes {
-		if !r.inUse && (r.state == StateBlank || r.state == StateStarting) {
-			warm++
-		}
-	}
-	for ; warm < m.opts.Warm; warm++ {
+	for warm := m.warmLocked(); warm < m.opts.Warm; warm++ {
 		slot := m.freeSlotLocked()
 		if slot < 0 {
 			return

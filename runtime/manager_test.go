@@ -714,3 +714,52 @@ func TestManagerAcquireHandsOutReadoptedReady(t *testing.T) {
 		t.Fatalf("after release: %v, want two sleeping", s)
 	}
 }
+
+// TestManagerRetireSurplus releases replicas with no sleep budget: they
+// go back to blank, and with RetireSurplus those beyond the warm pool are
+// stopped, freeing their slots (a cluster's pods), while without it they
+// stay blank for the next cold start.
+func TestManagerRetireSurplus(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		warm      int
+		retire    bool
+		wantBlank int
+	}{
+		{"kept blank", 0, false, 2},
+		{"retired, no warm pool", 0, true, 0},
+		{"retired down to the warm pool", 1, true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t, "process", "a")
+			ctx := context.Background()
+			classes := []runtime.Class{runtime.OnDemand, runtime.OnDemand, runtime.OnDemand}
+			m, err := runtime.New(ctx, runtime.Options{Backend: n.backend, Dir: n.dir, Slots: classes, Warm: tc.warm, Source: n.source,
+				EngineArgs: []string{"--kv-cache-memory", "8MiB", "--threads", "1", "--no-cache"}, RetireSurplus: tc.retire})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close(ctx)
+			var reps []*runtime.Replica
+			for range 2 {
+				rep, err := m.Acquire(ctx, "a", "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				reps = append(reps, rep)
+			}
+			for _, rep := range reps {
+				if err := m.Release(ctx, rep.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, "the warm pool to settle", func() bool {
+				s := states(m)
+				return s[runtime.StateStarting] == 0 && len(m.Runtimes()) == s[runtime.StateBlank]
+			})
+			if s := states(m); s[runtime.StateBlank] < tc.wantBlank || (tc.retire && s[runtime.StateBlank] != tc.wantBlank) {
+				t.Fatalf("after releasing two replicas: %v, want %d blank", s, tc.wantBlank)
+			}
+		})
+	}
+}

@@ -206,8 +206,13 @@ func runServe(ctx context.Context, f serveFlags) error {
 	defer node.close()
 	// The engines get no node cache of their own: the runtime manager
 	// decides where each load's bytes come from and fills the cache.
-	engineArgs := []string{"--kv-cache-memory", f.kvMemory, "--max-num-seqs", fmt.Sprint(f.maxNumSeqs), "--threads", fmt.Sprint(f.threads), "--no-cache",
+	engineArgs := []string{"--kv-cache-memory", f.kvMemory, "--max-num-seqs", fmt.Sprint(f.maxNumSeqs), "--threads", fmt.Sprint(f.threads),
 		"--lower-priority-prefill-tokens", fmt.Sprint(f.lowerPriorityPrefill)}
+	if node.cache == nil && f.runtime.kube.cachePath != "" { // the engines' own node cache
+		engineArgs = append(engineArgs, "--cache-dir", f.runtime.kube.cachePath)
+	} else {
+		engineArgs = append(engineArgs, "--no-cache")
+	}
 	if f.kernels != "" {
 		engineArgs = append(engineArgs, "--kernels", f.kernels)
 	}
@@ -229,12 +234,13 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}
 	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg,
 		StreamWriteTimeout: f.limits.streamWrite, Authorize: tenancy.AuthorizeModel, Admit: tenants.Admit, CallerOf: tenants.CallerOf})
-	var loadCache nodecache.Cache = node.cache
-	if f.simProfile != "" { // sim engines read no weights: nothing to cache
-		loadCache = nil
+	var loadCache nodecache.Cache
+	if node.cache != nil && f.simProfile == "" { // sim engines read no weights: nothing to cache
+		loadCache = node.cache
 	}
 	mgr, err := runtime.New(ctx, runtime.Options{Backend: node.backend, Dir: rtDir, Slots: slots, Warm: f.warm, SleepBudget: sleepBudget,
-		Source: f.bucketURL, Cache: loadCache, Bucket: b, WeightArena: arena, EngineArgs: engineArgs, OnEvent: late.onRuntimeEvent})
+		Source: f.bucketURL, Cache: loadCache, Bucket: b, WeightArena: arena, EngineArgs: engineArgs, OnEvent: late.onRuntimeEvent,
+		RetireSurplus: f.runtime.backend == "kubernetes"})
 	if err != nil {
 		return err
 	}
@@ -245,7 +251,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 	}()
 	reg.MustRegister(mgr.Collector())
 	var prefetch func(ctx context.Context, model, revision string) error
-	if f.prefetch && f.simProfile == "" { // sim engines read no weights
+	if f.prefetch && f.simProfile == "" && node.cache != nil { // sim engines read no weights
 		prefetch = mgr.Prefetch
 	}
 	ctrl, err := reconcile.New(ctx, reconcile.Options{Store: st, Runtimes: mgr, Router: act, NewDecider: reconcile.NewAutoscaler,
