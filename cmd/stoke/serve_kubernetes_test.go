@@ -42,7 +42,7 @@ func TestServeKubernetes(t *testing.T) {
 
 	bucketDir := t.TempDir()
 	pushTo(t, bucketDir, "chat", "replicas:\n  min: 0\n  max: 2\nidle_delay: 1h\n")
-	args := []string{"--data", t.TempDir(), "--bucket", "file://"+bucketDir, "--watch-interval", "100ms",
+	args := []string{"--data", t.TempDir(), "--bucket", "file://" + bucketDir, "--watch-interval", "100ms",
 		"--warm", "0", "--slots", "3", "--kv-cache-memory", "64MiB", "--threads", "1", "--sleep-budget", "0",
 		"--runtime", "kubernetes", "--kubeconfig", cluster.Kubeconfig, "--kube-namespace", ns,
 		"--engine-image", res.Refs[images.EngineImage], "--kube-image-pull-policy", "Never",
