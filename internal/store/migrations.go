@@ -187,7 +187,32 @@ var migrations = [...]string{
 	);
 	CREATE INDEX rollouts_by_deployment ON rollouts (deployment, id);
 	CREATE UNIQUE INDEX rollouts_one_canary ON rollouts (deployment) WHERE state = 'canary';`,
+	// 16: what the leading gateway publishes for the others (fleet.go):
+	// the routable replicas and canary shares of its deployments; and what
+	// every gateway reports back: its requests in flight per deployment.
+	fleetSchema,
 }
+
+// fleetSchema is migration 16 on both databases (portable types only).
+const fleetSchema = `CREATE TABLE fleet_endpoints (
+		deployment TEXT    NOT NULL,
+		replica    TEXT    NOT NULL,
+		addr       TEXT    NOT NULL,
+		capacity   BIGINT  NOT NULL,
+		PRIMARY KEY (deployment, replica)
+	);
+	CREATE TABLE fleet_canaries (
+		deployment TEXT    PRIMARY KEY,
+		pool       TEXT    NOT NULL,
+		percent    BIGINT  NOT NULL
+	);
+	CREATE TABLE fleet_load (
+		gateway     TEXT    NOT NULL,
+		deployment  TEXT    NOT NULL,
+		concurrency DOUBLE PRECISION NOT NULL,
+		updated_at  BIGINT  NOT NULL,
+		PRIMARY KEY (gateway, deployment)
+	);`
 
 // pgMigrations are the PostgreSQL schema's steps, tracked in the
 // schema_version table. The first takes an empty database straight to
@@ -330,6 +355,8 @@ var pgMigrations = [...]string{
 	);
 	CREATE INDEX rollouts_by_deployment ON rollouts (deployment, id);
 	CREATE UNIQUE INDEX rollouts_one_canary ON rollouts (deployment) WHERE state = 'canary';`,
+	// 16
+	fleetSchema,
 }
 
 // pgBaseVersion is the schema version PostgreSQL's first step reaches.
