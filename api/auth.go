@@ -68,7 +68,11 @@ func authenticate(t *tenancy.Service, mode AuthMode, adminOpen bool) gin.Handler
 			return
 		default:
 			var err error
-			if p, err = t.Authenticate(token); err != nil {
+			if p, err = t.AuthenticateContext(c.Request.Context(), token); err != nil {
+				if !errors.Is(err, tenancy.ErrInvalidKey) { // the key store did not answer
+					writeError(c, openai.Unavailable("could not check the API key; retry shortly"))
+					return
+				}
 				writeError(c, invalidKey(err.Error()))
 				return
 			}

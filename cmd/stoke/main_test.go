@@ -12,6 +12,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/stokehq/stoke/internal/store/pgtest"
 	"github.com/stokehq/stoke/internal/testmodel"
 )
 
@@ -166,5 +167,5 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	pgtest.Main(m) // runs the tests, then stops the PostgreSQL server they shared
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stokehq/stoke/activator"
+	"github.com/stokehq/stoke/activator/fleet"
 	"github.com/stokehq/stoke/api"
 	"github.com/stokehq/stoke/api/tenancy"
 	"github.com/stokehq/stoke/batch"
@@ -28,10 +29,8 @@ import (
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/store"
 	"github.com/stokehq/stoke/runtime"
-	"github.com/stokehq/stoke/scaler"
 	"github.com/stokehq/stoke/scaler/reconcile"
 	"github.com/stokehq/stoke/weightstore/bucket"
-	"github.com/stokehq/stoke/weightstore/nodecache"
 	"github.com/stokehq/stoke/weightstore/watch"
 )
 
@@ -51,6 +50,7 @@ type serveFlags struct {
 	runtime                                                     runtimeFlags
 	spot                                                        spotFlags
 	auth                                                        authFlags
+	fleet                                                       fleetFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -105,7 +105,13 @@ DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 	f.runtime.add(fl)
 	f.spot.add(fl)
 	f.auth.add(fl)
-	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error { return f.runtime.check(cmd.Flags()) }
+	f.fleet.add(fl)
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		if err := f.runtime.check(cmd.Flags()); err != nil {
+			return err
+		}
+		return f.fleet.check()
+	}
 	return cmd
 }
 
@@ -160,9 +166,9 @@ func runServe(ctx context.Context, f serveFlags) error {
 			return err
 		}
 	}
-	st, err := store.Open(ctx, filepath.Join(data, "state.db"))
+	st, err := store.OpenState(ctx, f.fleet.state, data)
 	if err != nil {
-		return err
+		return fmt.Errorf("--state: %w", err)
 	}
 	defer st.Close()
 	b, err := bucket.Open(ctx, f.bucketURL, f.s3.options())
@@ -183,8 +189,19 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	late := &lateController{}
-	tenants, err := tenancy.New(ctx, tenancy.Options{Store: st, AdminKey: adminKey, RecordUsage: !f.noUsage, Registerer: reg,
+	late := &lateController{st: st}
+	limits, err := f.fleet.redis()
+	if err != nil {
+		return err
+	}
+	if limits != nil {
+		defer limits.Close()
+	}
+	var refresh time.Duration
+	if f.fleet.state != "" { // other gateways change keys and limits too
+		refresh = sharedRefresh
+	}
+	tenants, err := tenancy.New(ctx, tenancy.Options{Store: st, AdminKey: adminKey, RecordUsage: !f.noUsage, Registerer: reg, Redis: limits, Refresh: refresh,
 		Price: func(model string) config.Price {
 			_, spec, _ := late.Lookup(model)
 			return spec.Price
@@ -197,70 +214,11 @@ func runServe(ctx context.Context, f serveFlags) error {
 		return err
 	}
 
-	// Runtimes are short-lived sockets: keep their directory short too.
-	rtDir := filepath.Join(data, "rt")
-	node, err := openNodeRuntime(ctx, f.runtime, data, rtDir, f.bucketURL, cacheMax)
-	if err != nil {
-		return err
-	}
-	defer node.close()
-	// The engines get no node cache of their own: the runtime manager
-	// decides where each load's bytes come from and fills the cache.
-	engineArgs := []string{"--kv-cache-memory", f.kvMemory, "--max-num-seqs", fmt.Sprint(f.maxNumSeqs), "--threads", fmt.Sprint(f.threads),
-		"--lower-priority-prefill-tokens", fmt.Sprint(f.lowerPriorityPrefill)}
-	if node.cache == nil && f.runtime.kube.cachePath != "" { // the engines' own node cache
-		engineArgs = append(engineArgs, "--cache-dir", f.runtime.kube.cachePath)
-	} else {
-		engineArgs = append(engineArgs, "--no-cache")
-	}
-	if f.kernels != "" {
-		engineArgs = append(engineArgs, "--kernels", f.kernels)
-	}
-	if f.simProfile != "" {
-		engineArgs = append(engineArgs, "--sim", "--sim-profile", f.simProfile)
-	}
-	if f.s3.flags.Changed("endpoint") {
-		engineArgs = append(engineArgs, "--endpoint", f.s3.endpoint)
-	}
-	if f.s3.flags.Changed("region") {
-		engineArgs = append(engineArgs, "--region", f.s3.region)
-	}
-	if f.s3.pathStyle {
-		engineArgs = append(engineArgs, "--path-style")
-	}
-
 	if f.routing != "prefix" && f.routing != "least-inflight" {
 		return fmt.Errorf("--routing: %q is not prefix or least-inflight", f.routing)
 	}
 	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg,
 		StreamWriteTimeout: f.limits.streamWrite, Authorize: tenancy.AuthorizeModel, Admit: tenants.Admit, CallerOf: tenants.CallerOf})
-	var loadCache nodecache.Cache
-	if node.cache != nil && f.simProfile == "" { // sim engines read no weights: nothing to cache
-		loadCache = node.cache
-	}
-	mgr, err := runtime.New(ctx, runtime.Options{Backend: node.backend, Dir: rtDir, Slots: slots, Warm: f.warm, SleepBudget: sleepBudget,
-		Source: f.bucketURL, Cache: loadCache, Bucket: b, WeightArena: arena, EngineArgs: engineArgs, OnEvent: late.onRuntimeEvent,
-		RetireSurplus: f.runtime.backend == "kubernetes"})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), f.drain)
-		defer cancel()
-		mgr.Close(cctx)
-	}()
-	reg.MustRegister(mgr.Collector())
-	var prefetch func(ctx context.Context, model, revision string) error
-	if f.prefetch && f.simProfile == "" && node.cache != nil { // sim engines read no weights
-		prefetch = mgr.Prefetch
-	}
-	ctrl, err := reconcile.New(ctx, reconcile.Options{Store: st, Runtimes: mgr, Router: act, NewDecider: reconcile.NewAutoscaler,
-		ReplicaCapacity: f.maxNumSeqs, Slots: len(slots), Metrics: scaler.NewMetrics(reg), Registerer: reg, Cache: node.cache, Warm: f.warm, Prefetch: prefetch,
-		ReadFile: revisionFiles(b, st), Evaluate: evalOn(act)})
-	if err != nil {
-		return err
-	}
-	late.set(ctrl)
 	routes, err := newRouteBook(ctx, f.routesFile, act, st)
 	if err != nil {
 		return err
@@ -276,27 +234,29 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return fmt.Errorf("batch flags: %w", err)
 	}
-	w := watch.New(b, st, watch.Options{Interval: f.interval, Quiet: f.quiet, OnRevision: ctrl.OnRevision})
 
-	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: ctrl, Runtimes: mgr.RuntimesHandler(), Registry: reg, ColdStarts: ctrl, Files: fs, Batches: batches,
+	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Deployments: late, Runtimes: late.runtimesHandler(), Registry: reg, ColdStarts: late, Files: fs, Batches: batches,
 		Tenancy: tenants, Auth: authMode, AdminOpen: adminOpen, Routes: routes}),
 		ReadHeaderTimeout: f.limits.headerTimeout(), ReadTimeout: f.limits.read, IdleTimeout: f.limits.idle}
 	ln = limitListener(ln, f.limits.maxConns, f.limits.maxConnsPerClient, int(sendBuffer))
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	if err := startSpotWatcher(runCtx, f.spot, ctrl.DrainClass, slog.Default(), reg); err != nil {
+	go sweepFiles(runCtx, fs)
+	go tenants.Run(runCtx)
+	control := &controlPlane{f: f, data: data, slots: slots, sleepBudget: sleepBudget, arena: arena, cacheMax: cacheMax,
+		st: st, bucket: b, act: act, batches: batches, late: late, reg: reg}
+	errc := make(chan error, 2)
+	if f.fleet.leaderElect {
+		go func() { errc <- f.fleet.run(runCtx, &f.runtime.kube, st, act, late, control) }()
+	} else if err := control.start(runCtx, act); err != nil {
 		return err
 	}
-	go w.Run(runCtx)
-	go sweepFiles(runCtx, fs)
-	ctrlDone, batchesDone := make(chan struct{}), make(chan struct{})
-	go func() { ctrl.Run(runCtx); close(ctrlDone) }()
-	go func() { batches.Run(runCtx); close(batchesDone) }()
-	errc := make(chan error, 1)
+	defer control.stop()
 	go func() { errc <- hs.Serve(ln) }()
 	slog.Info("stoke serving", "addr", f.listen, "bucket", f.bucketURL, "data", data, "slots", len(slots), "warm", f.warm)
 	select {
 	case err := <-errc:
+		stop()
 		return err
 	case <-ctx.Done():
 	}
@@ -305,8 +265,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 	defer cancel()
 	err = hs.Shutdown(dctx)
 	stop()
-	<-batchesDone
-	<-ctrlDone
+	control.wait()
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
@@ -381,17 +340,22 @@ func lockData(data string) (unlock func(), err error) {
 // the controller they report to, reach it once it exists; they call it
 // from their own goroutines while serve sets it.
 type lateController struct {
-	c atomic.Pointer[reconcile.Controller]
+	c  atomic.Pointer[reconcile.Controller]
+	m  atomic.Pointer[runtime.Manager]
+	f  atomic.Pointer[fleet.Follower]
+	st *store.Store
 }
 
 func (l *lateController) set(c *reconcile.Controller) { l.c.Store(c) }
 
 func (l *lateController) Lookup(name string) (string, config.Spec, bool) {
-	c := l.c.Load()
-	if c == nil {
-		return "", config.Spec{}, false
+	if c := l.c.Load(); c != nil {
+		return c.Lookup(name)
 	}
-	return c.Lookup(name)
+	if f := l.follower(); f != nil {
+		return f.Lookup(name)
+	}
+	return "", config.Spec{}, false
 }
 
 // Failed implements activator.FailedResolver.
@@ -413,6 +377,8 @@ func (l *lateController) Known(name string) bool {
 func (l *lateController) Poke(name string) {
 	if c := l.c.Load(); c != nil {
 		c.Poke(name)
+	} else if f := l.follower(); f != nil {
+		f.Poke(name)
 	}
 }
 

@@ -1,0 +1,183 @@
+package fleet
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/stokehq/stoke/internal/config"
+	"github.com/stokehq/stoke/internal/store"
+)
+
+// Routes is the follower's activator: where the published replicas and
+// canary shares go, and whose load the follower reports.
+type Routes interface {
+	AddReplica(deployment, id, addr string, capacity int)
+	RemoveReplica(ctx context.Context, deployment, id string)
+	SetCanary(deployment, pool string, percent int)
+	Concurrency(deployment string) float64
+}
+
+// Deployments lists the deployments (internal/store).
+type Deployments interface {
+	Deployments(ctx context.Context) ([]store.Deployment, error)
+}
+
+// drainTimeout bounds how long an unpublished replica's requests here may
+// take to finish.
+const drainTimeout = 30 * time.Second
+
+// deployment is what a follower resolves a name to.
+type deployment struct {
+	revision string
+	spec     config.Spec
+}
+
+// Follower keeps a gateway that is not the leader routing like the leader:
+// its activator's Resolver and the applier of what the leader publishes.
+type Follower struct {
+	routes   Routes
+	st       Store
+	deps     Deployments
+	gateway  string
+	interval time.Duration
+	log      *slog.Logger
+	poke     chan struct{}
+
+	mu       sync.Mutex
+	resolved map[string]deployment
+	applied  map[[2]string]store.Endpoint // by deployment and replica
+	canaries map[string]store.CanaryShare // by deployment
+}
+
+// NewFollower applies what st holds to routes, as gateway.
+func NewFollower(routes Routes, st Store, deps Deployments, gateway string, log *slog.Logger) *Follower {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Follower{routes: routes, st: st, deps: deps, gateway: gateway, interval: DefaultInterval, log: log.With("component", "fleet-follower"),
+		poke: make(chan struct{}, 1), resolved: map[string]deployment{}, applied: map[[2]string]store.Endpoint{}, canaries: map[string]store.CanaryShare{}}
+}
+
+// Lookup implements activator.Resolver from the deployments the store
+// holds: a canary pool ("NAME@canary") resolves to its deployment.
+func (f *Follower) Lookup(name string) (string, config.Spec, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, ok := f.resolved[strings.TrimSuffix(name, "@canary")]
+	return d.revision, d.spec, ok
+}
+
+// Poke implements activator.Resolver: the next sync comes now, so the
+// leader sees a waiting request's load at once.
+func (f *Follower) Poke(string) {
+	select {
+	case f.poke <- struct{}{}:
+	default:
+	}
+}
+
+// Run syncs every interval, and when poked, until ctx ends.
+func (f *Follower) Run(ctx context.Context) {
+	t := time.NewTicker(f.interval)
+	defer t.Stop()
+	for {
+		if err := f.Sync(ctx); err != nil && ctx.Err() == nil {
+			f.log.Warn("sync with the leader's state", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-f.poke:
+		}
+	}
+}
+
+// Sync reads the deployments and the published replicas once, applies
+// the changes, and reports this gateway's load.
+func (f *Follower) Sync(ctx context.Context) error {
+	deps, err := f.deps.Deployments(ctx)
+	if err != nil {
+		return err
+	}
+	resolved := make(map[string]deployment, len(deps))
+	for _, d := range deps {
+		spec, err := config.Parse(d.Spec)
+		if err != nil {
+			f.log.Warn("a deployment's stored spec does not parse", "deployment", d.Name, "err", err)
+			continue
+		}
+		resolved[d.Name] = deployment{revision: d.Revision, spec: spec}
+	}
+	eps, canaries, err := f.st.Fleet(ctx)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.resolved = resolved
+	f.mu.Unlock()
+	f.apply(ctx, eps, canaries)
+
+	load := map[string]float64{}
+	for name := range resolved {
+		for _, pool := range []string{name, name + "@canary"} {
+			if c := f.routes.Concurrency(pool); c > 0 {
+				load[pool] = c
+			}
+		}
+	}
+	return f.st.ReportLoad(ctx, f.gateway, load)
+}
+
+// apply makes the activator route to exactly the published replicas.
+func (f *Follower) apply(ctx context.Context, eps []store.Endpoint, canaries []store.CanaryShare) {
+	want := make(map[[2]string]store.Endpoint, len(eps))
+	for _, e := range eps {
+		want[[2]string{e.Deployment, e.Replica}] = e
+	}
+	for k, e := range f.applied {
+		switch w, ok := want[k]; {
+		case !ok: // routing to it stops now; its requests drain meanwhile
+			go func() {
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainTimeout)
+				defer cancel()
+				f.routes.RemoveReplica(dctx, e.Deployment, e.Replica)
+			}()
+			delete(f.applied, k)
+		case w != e: // republished elsewhere: gone before it comes back
+			f.routes.RemoveReplica(ctx, e.Deployment, e.Replica)
+			delete(f.applied, k)
+		}
+	}
+	for k, e := range want {
+		if _, ok := f.applied[k]; !ok {
+			f.routes.AddReplica(e.Deployment, e.Replica, e.Addr, e.Capacity)
+			f.applied[k] = e
+		}
+	}
+	wantC := make(map[string]store.CanaryShare, len(canaries))
+	for _, c := range canaries {
+		wantC[c.Deployment] = c
+	}
+	for d, c := range f.canaries {
+		if _, ok := wantC[d]; !ok {
+			f.routes.SetCanary(d, "", 0)
+			delete(f.canaries, c.Deployment)
+		}
+	}
+	for d, c := range wantC {
+		if f.canaries[d] != c {
+			f.routes.SetCanary(d, c.Pool, c.Percent)
+			f.canaries[d] = c
+		}
+	}
+}
+
+// Release stops routing to everything applied: the gateway becomes the
+// leader, whose own replicas replace the published ones.
+func (f *Follower) Release(ctx context.Context) {
+	f.apply(ctx, nil, nil)
+}
