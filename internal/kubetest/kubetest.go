@@ -58,8 +58,10 @@ type Cluster struct {
 	// imports the images its pods run (namespace "k8s.io").
 	Containerd string
 
-	dir   string
-	procs []*proc
+	dir    string
+	procs  []*proc
+	bridge string // the node's CNI bridge
+	runc   string
 }
 
 // startTimeout bounds how long one component may take to come up.
@@ -163,8 +165,13 @@ func (c *Cluster) run(t testing.TB, name, bin string, args ...string) *proc {
 	return p
 }
 
-// stop stops the components, last started first.
+// stop stops the components, last started first; a node's pods go first,
+// so that the kubelet tears down their sandboxes and networks.
 func (c *Cluster) stop() {
+	if c.Node != "" {
+		c.drainNode()
+	}
+	defer c.cleanupNode()
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		p := c.procs[i]
 		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -68,6 +69,7 @@ func (c *Cluster) startNode(t testing.TB, kubeletPort int) {
 	socket := filepath.Join(dir, "ctrd.sock")
 	suffix := randomHex(t, 3)
 	bridge := "kt" + suffix
+	c.bridge, c.runc = bridge, runc
 	cniConf := filepath.Join(dir, "cni")
 	must(t, os.MkdirAll(cniConf, 0o755))
 	must(t, os.WriteFile(filepath.Join(cniConf, "10-bridge.conflist"), []byte(cniConfig(bridge, subnet(suffix), filepath.Join(dir, "ipam"))), 0o644))
@@ -215,6 +217,7 @@ disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.tracing.
   stream_server_port = "0"
   restrict_oom_score_adj = true
   disable_apparmor = true
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -289,5 +292,63 @@ func unmountUnder(dir string) {
 	sort.Sort(sort.Reverse(sort.StringSlice(mounts)))
 	for _, m := range mounts {
 		syscall.Unmount(m, syscall.MNT_DETACH)
+	}
+}
+
+// drainNode deletes every pod at once and waits (a while) until the
+// kubelet has torn them down.
+func (c *Cluster) drainNode() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pods := c.Client.CoreV1().Pods(metav1.NamespaceAll)
+	list, err := pods.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	zero := int64(0)
+	for _, p := range list.Items {
+		c.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	}
+	for ctx.Err() == nil {
+		if list, err := pods.List(ctx, metav1.ListOptions{}); err != nil || len(list.Items) == 0 {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// cleanupNode removes what the node's containers could leave on the host
+// once containerd is gone: runc containers, shims, the CNI bridge.
+func (c *Cluster) cleanupNode() {
+	if c.runc != "" {
+		root := filepath.Join(c.dir, "runc")
+		if ns, err := os.ReadDir(root); err == nil {
+			for _, n := range ns {
+				ids, _ := os.ReadDir(filepath.Join(root, n.Name()))
+				for _, id := range ids {
+					exec.Command(c.runc, "--root", filepath.Join(root, n.Name()), "delete", "--force", id.Name()).Run()
+				}
+			}
+		}
+	}
+	killMatching(c.dir)
+	if c.bridge != "" {
+		exec.Command("ip", "link", "delete", c.bridge).Run()
+	}
+}
+
+// killMatching kills the processes whose command line names dir (the
+// shims of the node's containerd).
+func killMatching(dir string) {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), dir+"/") {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
 }
