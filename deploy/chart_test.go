@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -801,4 +802,27 @@ func jsonEqual(t *testing.T, a, b string) bool {
 	xa, _ := json.Marshal(x)
 	ya, _ := json.Marshal(y)
 	return string(xa) == string(ya)
+}
+
+// TestServeTakesTheChartsFlags runs the real `stoke serve` with the
+// arguments each value set gives the gateway (and --help, so that it
+// parses them and stops): every flag exists and every value parses.
+func TestServeTakesTheChartsFlags(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "stoke")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/stoke").CombinedOutput(); err != nil {
+		t.Fatalf("go build stoke: %v\n%s", err, out)
+	}
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			m, err := render(t, "stoke", vs.values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := gatewayOf(t, m)
+			out, err := exec.Command(bin, append(g.args, "--help")...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("stoke %s --help: %v\n%s", strings.Join(g.args, " "), err, out)
+			}
+		})
+	}
 }

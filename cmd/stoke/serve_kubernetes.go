@@ -25,7 +25,7 @@ type kubeFlags struct {
 	nodeSelector, spotNodeSelector             map[string]string
 	tolerations, spotTolerations               []string
 	priorityInteractive, priorityBatch         string
-	cachePath                                  string
+	cachePath, s3Secret                        string
 }
 
 func (k *kubeFlags) add(fl *pflag.FlagSet) {
@@ -42,6 +42,7 @@ func (k *kubeFlags) add(fl *pflag.FlagSet) {
 	fl.StringSliceVar(&k.spotTolerations, "kube-spot-tolerations", nil, "tolerations of spot engine pods (key=value:Effect or key:Effect, …)")
 	fl.StringVar(&k.priorityInteractive, "kube-priority-class-interactive", "", "PriorityClass of on-demand engine pods (the chart's stoke-interactive)")
 	fl.StringVar(&k.priorityBatch, "kube-priority-class-batch", "", "PriorityClass of spot engine pods, preempted first (the chart's stoke-batch)")
+	fl.StringVar(&k.s3Secret, "kube-s3-secret", "", "Secret (in --kube-namespace) whose keys give the engine pods AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY: NAME, or NAME:ID_KEY:SECRET_KEY (default: this process's AWS_* environment, written into the pod spec)")
 	fl.StringVar(&k.cachePath, "kube-cache-path", "", "node-local directory (hostPath) of the engines' node cache (default: none, every load reads the bucket)")
 }
 
@@ -109,8 +110,23 @@ func (k *kubeFlags) options(client kubernetes.Interface, image string, hostPaths
 		runtime.OnDemand: {NodeSelector: k.nodeSelector, Tolerations: onDemand, PriorityClass: k.priorityInteractive},
 		runtime.Spot:     {NodeSelector: k.spotNodeSelector, Tolerations: spot, PriorityClass: k.priorityBatch},
 	}
+	fromSecret := map[string]bool{}
+	if k.s3Secret != "" {
+		parts := strings.Split(k.s3Secret, ":")
+		if len(parts) == 1 {
+			parts = append(parts, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+		}
+		if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+			return o, fmt.Errorf("--kube-s3-secret: %q is not NAME or NAME:ID_KEY:SECRET_KEY", k.s3Secret)
+		}
+		for i, env := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} {
+			o.Env = append(o.Env, corev1.EnvVar{Name: env, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: parts[0]}, Key: parts[i+1]}}})
+			fromSecret[env] = true
+		}
+	}
 	for _, kv := range os.Environ() {
-		if name, value, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(name, "AWS_") {
+		if name, value, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(name, "AWS_") && !fromSecret[name] {
 			o.Env = append(o.Env, corev1.EnvVar{Name: name, Value: value})
 		}
 	}

@@ -38,7 +38,7 @@ func (r *runtimeFlags) add(fl *pflag.FlagSet) {
 // kubeOnly are the flags that apply only with --runtime kubernetes.
 var kubeOnly = []string{"kube-install", "kube-image-pull-policy", "kube-engine-cpu", "kube-engine-memory", "kube-engine-gpus",
 	"kube-node-selector", "kube-tolerations", "kube-spot-node-selector", "kube-spot-tolerations",
-	"kube-priority-class-interactive", "kube-priority-class-batch", "kube-cache-path"}
+	"kube-priority-class-interactive", "kube-priority-class-batch", "kube-cache-path", "kube-s3-secret"}
 
 // check refuses flags that cannot work together, before serve starts anything.
 func (r *runtimeFlags) check(fl *pflag.FlagSet) error {
