@@ -193,8 +193,29 @@ var migrations = [...]string{
 	fleetSchema,
 }
 
-// fleetSchema is migration 16 on both databases (portable types only).
+// fleetSchema is migration 16 on SQLite; pgFleetSchema on PostgreSQL.
 const fleetSchema = `CREATE TABLE fleet_endpoints (
+		deployment TEXT    NOT NULL,
+		replica    TEXT    NOT NULL,
+		addr       TEXT    NOT NULL,
+		capacity   INTEGER NOT NULL,
+		PRIMARY KEY (deployment, replica)
+	);
+	CREATE TABLE fleet_canaries (
+		deployment TEXT    PRIMARY KEY,
+		pool       TEXT    NOT NULL,
+		percent    INTEGER NOT NULL
+	);
+	CREATE TABLE fleet_load (
+		gateway     TEXT    NOT NULL,
+		deployment  TEXT    NOT NULL,
+		concurrency REAL    NOT NULL,
+		updated_at  INTEGER NOT NULL,
+		PRIMARY KEY (gateway, deployment)
+	);`
+
+// pgFleetSchema is fleetSchema in PostgreSQL's types.
+const pgFleetSchema = `CREATE TABLE fleet_endpoints (
 		deployment TEXT    NOT NULL,
 		replica    TEXT    NOT NULL,
 		addr       TEXT    NOT NULL,
@@ -356,7 +377,7 @@ var pgMigrations = [...]string{
 	CREATE INDEX rollouts_by_deployment ON rollouts (deployment, id);
 	CREATE UNIQUE INDEX rollouts_one_canary ON rollouts (deployment) WHERE state = 'canary';`,
 	// 16
-	fleetSchema,
+	pgFleetSchema,
 }
 
 // pgBaseVersion is the schema version PostgreSQL's first step reaches.

@@ -13,8 +13,8 @@ import (
 )
 
 // schemaOf describes a database's schema, one line per fact, sorted, in
-// terms both databases share: each column's type (SQLite's INTEGER, TEXT
-// and BLOB as PostgreSQL's bigint, text and bytea), nullability (a primary
+// terms both databases share: each column's type (SQLite's INTEGER, TEXT,
+// BLOB and REAL as PostgreSQL's bigint, text, bytea and double precision), nullability (a primary
 // key's columns count as not null) and default; each table's primary key,
 // unique constraints, foreign keys and number of CHECKs; each named index's
 // columns, uniqueness and partiality.
@@ -57,7 +57,7 @@ func queryStrings(t *testing.T, ctx context.Context, db *sql.DB, query string, a
 
 func sqliteSchema(t *testing.T, ctx context.Context, db *sql.DB) []string {
 	var facts []string
-	types := map[string]string{"INTEGER": "bigint", "TEXT": "text", "BLOB": "bytea"}
+	types := map[string]string{"INTEGER": "bigint", "TEXT": "text", "BLOB": "bytea", "REAL": "double precision"}
 	for _, tr := range queryStrings(t, ctx, db, `SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'`) {
 		table, ddl := tr[0], tr[1]
 		var pk []string
