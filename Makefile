@@ -39,7 +39,9 @@ deps:
 	@GO=$(GO) sh ./scripts/install-kubernetes.sh
 	@GO=$(GO) sh ./scripts/install-helm.sh
 
-# Every package runs twice: once as it is, once under the race detector
+# Every package runs twice (with a 30-minute timeout: ./cmd/stoke's
+# end-to-end tests build stoke and its images, which takes longer than go
+# test's default 10 minutes on a cold 2-core machine): once as it is, once under the race detector
 # with -short (which leaves out the slowest end-to-end cases), ./cmd
 # included: the `stoke serve` and engine processes its tests start are the
 # race-built test binary, and a race one of them reports fails the test
@@ -48,8 +50,8 @@ deps:
 # and a baseline x86-64 without AVX), so a test cannot pass on this CPU
 # and fail on another.
 test: deps lint
-	$(GO) test -count=1 ./...
-	$(GO) test -count=1 -race -short ./...
+	$(GO) test -count=1 -timeout 30m ./...
+	$(GO) test -count=1 -timeout 30m -race -short ./...
 	@GO=$(GO) sh ./scripts/test-cpus.sh
 
 bench:

@@ -336,9 +336,12 @@ func lockData(data string) (unlock func(), err error) {
 	return func() { f.Close() }, nil
 }
 
-// lateController lets the activator and the runtime manager, built before
-// the controller they report to, reach it once it exists; they call it
-// from their own goroutines while serve sets it.
+// lateController lets the activator, the API and the runtime manager,
+// built before the controller they report to, reach it once it exists
+// (they call it from their own goroutines while serve sets it); until
+// then, on a gateway that follows a leader, the follower answers what it
+// can from the shared state, and changes only the leader makes are
+// refused.
 type lateController struct {
 	c  atomic.Pointer[reconcile.Controller]
 	m  atomic.Pointer[runtime.Manager]

@@ -86,7 +86,7 @@ func (c *controlPlane) start(ctx context.Context, router reconcile.Router) error
 	}
 	mgr, err := runtime.New(ctx, runtime.Options{Backend: node.backend, Dir: rtDir, Slots: c.slots, Warm: f.warm, SleepBudget: c.sleepBudget,
 		Source: f.bucketURL, Cache: loadCache, Bucket: c.bucket, WeightArena: c.arena, EngineArgs: engineArgs, OnEvent: c.late.onRuntimeEvent,
-		RetireSurplus: f.runtime.backend == "kubernetes"})
+		RetireSurplus: node.cluster, KeepOnClose: node.cluster})
 	if err != nil {
 		return err
 	}

@@ -26,8 +26,8 @@ import (
 // served by an engine pod of the engine image, a spec asking for two
 // replicas creates a second pod, a deleted pod's requests go to the other
 // replica while a new pod replaces it, a restarted gateway re-adopts the
-// running pods, and scaling to zero deletes the
-// pods (no sleep budget, no warm pool: nothing left holding the node).
+// running pods, and scaling to zero deletes the pods but the warm pool's
+// one (no sleep budget: nothing else is left holding the node).
 func TestServeKubernetes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a Kubernetes control plane and engine pods; not with -short")
@@ -43,7 +43,7 @@ func TestServeKubernetes(t *testing.T) {
 	bucketDir := t.TempDir()
 	pushTo(t, bucketDir, "chat", "replicas:\n  min: 0\n  max: 2\nidle_delay: 1h\n")
 	args := []string{"--data", t.TempDir(), "--bucket", "file://" + bucketDir, "--watch-interval", "100ms",
-		"--warm", "0", "--slots", "3", "--kv-cache-memory", "64MiB", "--threads", "1", "--sleep-budget", "0",
+		"--warm", "1", "--slots", "3", "--kv-cache-memory", "64MiB", "--threads", "1", "--sleep-budget", "0",
 		"--runtime", "kubernetes", "--kubeconfig", cluster.Kubeconfig, "--kube-namespace", ns,
 		"--engine-image", res.Refs[images.EngineImage], "--kube-image-pull-policy", "Never",
 		"--kube-engine-cpu", "0", "--kube-engine-memory", "0"}
@@ -63,9 +63,9 @@ func TestServeKubernetes(t *testing.T) {
 		}
 		return out
 	}
-	if n := len(pods()); n != 0 {
-		t.Fatalf("%d engine pods before any request, want 0 (--warm 0)", n)
-	}
+	waitUntil(t, "the warm pool's blank pod", 3*time.Minute, func() bool {
+		return len(pods()) == 1 && runtimesIn(t, s.base, "blank", "") == 1
+	})
 
 	waitUntil(t, "chat is deployed", time.Minute, func() bool {
 		resp, err := http.Get(s.base + "/v1/models/chat")
@@ -83,10 +83,15 @@ func TestServeKubernetes(t *testing.T) {
 	if img := pod.Spec.Containers[0].Image; img != res.Refs[images.EngineImage] || pod.Spec.NodeName != cluster.Node || pod.Status.PodIP == "" {
 		t.Errorf("pod %s: image %s on node %q at %q, want the engine image on %s with a pod IP", first, img, pod.Spec.NodeName, pod.Status.PodIP, cluster.Node)
 	}
+	var acq struct{ Tier string }
+	getJSON(t, s.base+"/admin/deployments/chat/acquisition?runtime="+first, &acq)
+	if acq.Tier != "t3" {
+		t.Errorf("the first acquisition was %s, want t3: the warm pool's blank pod, weights from the bucket", acq.Tier)
+	}
 
 	put(t, s.base+"/admin/deployments/chat", `{"replicas":{"min":2,"max":2},"idle_delay":"1h"}`)
-	waitUntil(t, "two ready replicas in two pods", 3*time.Minute, func() bool {
-		return readyReplicas(t, s.base, "chat") == 2 && len(pods()) == 2
+	waitUntil(t, "two ready replicas and the warm pool in three pods", 3*time.Minute, func() bool {
+		return readyReplicas(t, s.base, "chat") == 2 && len(pods()) == 3
 	})
 
 	// Delete the first pod under a steady flow of requests: every request
@@ -118,7 +123,7 @@ func TestServeKubernetes(t *testing.T) {
 	waitUntil(t, "a new pod replaces the deleted one, both ready", 3*time.Minute, func() bool {
 		p := pods()
 		_, old := p[first]
-		return !old && len(p) == 2 && readyReplicas(t, s.base, "chat") == 2
+		return !old && len(p) == 3 && readyReplicas(t, s.base, "chat") == 2
 	})
 	close(stop)
 	wg.Wait()
@@ -143,7 +148,9 @@ func TestServeKubernetes(t *testing.T) {
 	}
 
 	put(t, s.base+"/admin/deployments/chat", `{"replicas":{"min":0,"max":2},"idle_delay":"1s"}`)
-	waitUntil(t, "scaled to zero: no engine pod left", 3*time.Minute, func() bool { return len(pods()) == 0 })
+	waitUntil(t, "scaled to zero: the warm pool's blank pod alone left", 3*time.Minute, func() bool {
+		return len(pods()) == 1 && runtimesIn(t, s.base, "blank", "") == 1
+	})
 }
 
 // tryComplete is complete that returns its failure.

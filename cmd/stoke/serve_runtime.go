@@ -79,6 +79,11 @@ type nodeRuntime struct {
 	backend runtime.Backend
 	cache   servedCache
 	close   func()
+	// cluster: the runtimes are a cluster's pods, on capacity other work
+	// shares and under another gateway after this one: blank ones beyond
+	// the warm pool are deleted, and all outlive this serve, for the next
+	// leader to adopt.
+	cluster bool
 }
 
 // openNodeRuntime builds the backend and node cache of --runtime: the
@@ -111,7 +116,7 @@ func openNodeRuntime(ctx context.Context, r runtimeFlags, data, rtDir, bucketURL
 		if err != nil {
 			return nil, err
 		}
-		return &nodeRuntime{backend: be, close: func() { be.Close() }}, nil
+		return &nodeRuntime{backend: be, close: func() { be.Close() }, cluster: true}, nil
 	}
 	if _, err := os.Stat(r.socket); err != nil {
 		return nil, fmt.Errorf("--containerd-socket: is containerd running? %w", err)
