@@ -17,6 +17,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/stokehq/stoke/internal/gobin"
 )
 
 // chartDir is the chart, from this package's directory.
@@ -45,20 +47,11 @@ var readChart = sync.OnceValue(func() error {
 // is skipped, or fails under STOKE_REQUIRE_KUBERNETES=1.
 func helmBinary(t testing.TB) string {
 	t.Helper()
-	var tried []string
-	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-		for _, gp := range filepath.SplitList(strings.TrimSpace(string(out))) {
-			p := filepath.Join(gp, "bin", "helm")
-			if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
-				return p
-			}
-			tried = append(tried, p)
-		}
-	}
-	if p, err := exec.LookPath("helm"); err == nil {
+	p, err := gobin.Find("helm")
+	if err == nil {
 		return p
 	}
-	msg := fmt.Sprintf("helm not found (tried %s and PATH); scripts/install-helm.sh builds it", strings.Join(tried, ", "))
+	msg := err.Error() + "; scripts/install-helm.sh builds it"
 	if os.Getenv("STOKE_REQUIRE_KUBERNETES") == "1" {
 		t.Fatal(msg + " (STOKE_REQUIRE_KUBERNETES=1)")
 	}

@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/stokehq/stoke/internal/gobin"
 	"github.com/stokehq/stoke/internal/syncbuf"
 )
 
@@ -73,7 +74,7 @@ func Start(t testing.TB, o Options) *Cluster {
 	t.Helper()
 	bins := map[string]string{}
 	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
-		p, err := binary(name)
+		p, err := gobin.Find(name)
 		if err != nil {
 			skip(t, "%v (run scripts/install-kubernetes.sh, which `make deps` runs)", err)
 		}
@@ -249,25 +250,6 @@ func waitServiceAccount(t testing.TB, c *Cluster, ns string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Fatalf("namespace %s has no default service account after %v\n%s", ns, startTimeout, c.Logs())
-}
-
-// binary finds a component: $(go env GOPATH)/bin, then PATH.
-func binary(name string) (string, error) {
-	var tried []string
-	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-		for _, gp := range filepath.SplitList(strings.TrimSpace(string(out))) {
-			p := filepath.Join(gp, "bin", name)
-			if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
-				return p, nil
-			}
-			tried = append(tried, p)
-		}
-	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "", fmt.Errorf("%s not found (tried %s and PATH)", name, strings.Join(tried, ", "))
-	}
-	return p, nil
 }
 
 // skip skips the test, or fails it under STOKE_REQUIRE_KUBERNETES=1.

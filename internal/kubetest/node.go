@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/stokehq/stoke/images"
+	"github.com/stokehq/stoke/internal/gobin"
 )
 
 // NodeName is the kubelet's node name.
@@ -43,7 +44,7 @@ func (c *Cluster) startNode(t testing.TB, kubeletPort int) {
 	if os.Geteuid() != 0 {
 		skip(t, "a kubelet needs root; running as uid %d", os.Geteuid())
 	}
-	kubelet, err := binary("kubelet")
+	kubelet, err := gobin.Find("kubelet")
 	if err != nil {
 		skip(t, "%v (run scripts/install-kubernetes.sh)", err)
 	}

@@ -6,10 +6,9 @@ package spottest
 
 import (
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
+
+	"github.com/stokehq/stoke/internal/gobin"
 )
 
 // Binary returns the path of ec2-metadata-mock: in $(go env GOPATH)/bin,
@@ -17,25 +16,11 @@ import (
 // STOKE_REQUIRE_METADATA_MOCK=1).
 func Binary(t testing.TB) string {
 	t.Helper()
-	var dirs []string
-	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-		for _, gp := range filepath.SplitList(strings.TrimSpace(string(out))) {
-			dirs = append(dirs, filepath.Join(gp, "bin"))
-		}
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		dirs = append(dirs, filepath.Join(home, "go", "bin"))
-	}
-	for _, d := range dirs {
-		p := filepath.Join(d, "ec2-metadata-mock")
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
-			return p
-		}
-	}
-	if p, err := exec.LookPath("ec2-metadata-mock"); err == nil {
+	p, err := gobin.Find("ec2-metadata-mock")
+	if err == nil {
 		return p
 	}
-	msg := "ec2-metadata-mock not found (tried " + strings.Join(dirs, ", ") + " and PATH): run `make deps` (scripts/install-ec2-metadata-mock.sh)"
+	msg := err.Error() + ": run `make deps` (scripts/install-ec2-metadata-mock.sh)"
 	if os.Getenv("STOKE_REQUIRE_METADATA_MOCK") == "1" {
 		t.Fatal(msg)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
+	"github.com/stokehq/stoke/internal/gobin"
 	"github.com/stokehq/stoke/internal/syncbuf"
 )
 
@@ -34,30 +35,8 @@ const (
 // startTimeout bounds how long a server may take to become ready.
 const startTimeout = 60 * time.Second
 
-// Binary returns the path of the MinIO server binary: $(go env GOPATH)/bin/minio,
-// else minio on PATH.
-func Binary() (string, error) {
-	var gopaths []string
-	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-		gopaths = filepath.SplitList(strings.TrimSpace(string(out)))
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		gopaths = append(gopaths, filepath.Join(home, "go"))
-	}
-	var tried []string
-	for _, gp := range gopaths {
-		p := filepath.Join(gp, "bin", "minio")
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
-			return p, nil
-		}
-		tried = append(tried, p)
-	}
-	p, err := exec.LookPath("minio")
-	if err != nil {
-		return "", fmt.Errorf("minio server binary not found (tried %s and PATH)", strings.Join(tried, ", "))
-	}
-	return p, nil
-}
+// Binary returns the path of the MinIO server binary (gobin.Find).
+func Binary() (string, error) { return gobin.Find("minio") }
 
 // StartMinIO starts a MinIO server on a free loopback port with a temporary
 // data directory, waits until it is ready and stops it when the test ends.
