@@ -83,6 +83,10 @@ func TestLeaderAndFollower(t *testing.T) {
 	if err := st.PutDeployment(ctx, store.Deployment{Name: "chat", Revision: "sha256:aa", Spec: []byte(`{"replicas":{"min":0,"max":3}}`)}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := st.StartRollout(ctx, store.Rollout{Deployment: "chat", Stable: "sha256:aa", Candidate: "sha256:bb", CanaryPercent: 10,
+		Spec: []byte(`{"replicas":{"min":0,"max":1}}`)}); err != nil {
+		t.Fatal(err)
+	}
 	leaderRoutes, followerRoutes := newRoutes(), newRoutes()
 	pub := fleet.NewPublisher(leaderRoutes, st, "gw-1", nil)
 	if err := st.PutEndpoint(ctx, store.Endpoint{Deployment: "chat", Replica: "stale", Addr: "unix:///old.sock", Capacity: 1}); err != nil {
@@ -105,8 +109,8 @@ func TestLeaderAndFollower(t *testing.T) {
 	if !ok || rev != "sha256:aa" || spec.Replicas.Max != 3 {
 		t.Errorf("the follower resolves chat to %q %+v %v, want the stored revision and spec", rev, spec.Replicas, ok)
 	}
-	if _, _, ok := follower.Lookup("chat@canary"); !ok {
-		t.Error("the follower does not resolve the canary pool")
+	if rev, spec, ok := follower.Lookup(reconcile.CanaryPool("chat")); !ok || rev != "sha256:bb" || spec.Replicas.Max != 1 {
+		t.Errorf("the follower resolves the canary pool to %q %+v %v, want the candidate and its spec", rev, spec.Replicas, ok)
 	}
 	if _, _, ok := follower.Lookup("nope"); ok {
 		t.Error("the follower resolves a deployment that is not stored")

@@ -3,12 +3,12 @@ package fleet
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/store"
+	"github.com/stokehq/stoke/scaler/reconcile"
 )
 
 // Routes is the follower's activator: where the published replicas and
@@ -20,9 +20,11 @@ type Routes interface {
 	Concurrency(deployment string) float64
 }
 
-// Deployments lists the deployments (internal/store).
+// Deployments lists the deployments and the rollouts in canary
+// (internal/store).
 type Deployments interface {
 	Deployments(ctx context.Context) ([]store.Deployment, error)
+	ActiveRollouts(ctx context.Context) ([]store.Rollout, error)
 }
 
 // drainTimeout bounds how long an unpublished replica's requests here may
@@ -61,12 +63,14 @@ func NewFollower(routes Routes, st Store, deps Deployments, gateway string, log 
 		poke: make(chan struct{}, 1), resolved: map[string]deployment{}, applied: map[[2]string]store.Endpoint{}, canaries: map[string]store.CanaryShare{}}
 }
 
-// Lookup implements activator.Resolver from the deployments the store
-// holds: a canary pool ("NAME@canary") resolves to its deployment.
+// Lookup implements activator.Resolver from what the store holds, as the
+// leader's reconcile resolves it: a deployment to its revision and spec,
+// the canary pool of a rollout in canary (reconcile.CanaryPool) to the
+// candidate and its spec.
 func (f *Follower) Lookup(name string) (string, config.Spec, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	d, ok := f.resolved[strings.TrimSuffix(name, "@canary")]
+	d, ok := f.resolved[name]
 	return d.revision, d.spec, ok
 }
 
@@ -103,30 +107,38 @@ func (f *Follower) Sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	resolved := make(map[string]deployment, len(deps))
-	for _, d := range deps {
-		spec, err := config.Parse(d.Spec)
-		if err != nil {
-			f.log.Warn("a deployment's stored spec does not parse", "deployment", d.Name, "err", err)
-			continue
-		}
-		resolved[d.Name] = deployment{revision: d.Revision, spec: spec}
+	canaries, err := f.deps.ActiveRollouts(ctx)
+	if err != nil {
+		return err
 	}
-	eps, canaries, err := f.st.Fleet(ctx)
+	resolved := make(map[string]deployment, len(deps)+len(canaries))
+	resolve := func(name, revision string, raw []byte) {
+		spec, err := config.Parse(raw)
+		if err != nil {
+			f.log.Warn("a stored spec does not parse", "deployment", name, "err", err)
+			return
+		}
+		resolved[name] = deployment{revision: revision, spec: spec}
+	}
+	for _, d := range deps {
+		resolve(d.Name, d.Revision, d.Spec)
+	}
+	for _, ro := range canaries {
+		resolve(reconcile.CanaryPool(ro.Deployment), ro.Candidate, ro.Spec)
+	}
+	eps, shares, err := f.st.Fleet(ctx)
 	if err != nil {
 		return err
 	}
 	f.mu.Lock()
 	f.resolved = resolved
 	f.mu.Unlock()
-	f.apply(ctx, eps, canaries)
+	f.apply(ctx, eps, shares)
 
 	load := map[string]float64{}
-	for name := range resolved {
-		for _, pool := range []string{name, name + "@canary"} {
-			if c := f.routes.Concurrency(pool); c > 0 {
-				load[pool] = c
-			}
+	for name := range resolved { // deployments and canary pools
+		if c := f.routes.Concurrency(name); c > 0 {
+			load[name] = c
 		}
 	}
 	return f.st.ReportLoad(ctx, f.gateway, load)

@@ -107,7 +107,15 @@ func (g *fleetFlags) run(ctx context.Context, kube *kubeFlags, st *store.Store, 
 	followed := make(chan struct{})
 	go func() { defer close(followed); follower.Run(followCtx) }()
 
+	// lost carries the first reason this gateway must stop; later ones
+	// (a failed start, then the Lease's loss) are dropped.
 	lost := make(chan error, 1)
+	stopWith := func(err error) {
+		select {
+		case lost <- err:
+		default:
+		}
+	}
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Name: g.leaseName, Namespace: kube.ns()},
 		Client:     client.CoordinationV1(),
@@ -123,18 +131,18 @@ func (g *fleetFlags) run(ctx context.Context, kube *kubeFlags, st *store.Store, 
 				follower.Release(ctx)
 				pub := fleet.NewPublisher(act, st, id, slog.Default())
 				if err := pub.Clear(ctx); err != nil {
-					lost <- fmt.Errorf("leader: clear the previous leader's replicas: %w", err)
+					stopWith(fmt.Errorf("leader: clear the previous leader's replicas: %w", err))
 					return
 				}
 				go pub.Run(ctx)
 				late.setFollower(nil)
 				if err := control.start(ctx, pub); err != nil {
-					lost <- fmt.Errorf("leader: start the control plane: %w", err)
+					stopWith(fmt.Errorf("leader: start the control plane: %w", err))
 				}
 			},
 			OnStoppedLeading: func() {
 				if ctx.Err() == nil {
-					lost <- errors.New("lost the leader Lease; exiting so that a single control plane runs")
+					stopWith(errors.New("lost the leader Lease; exiting so that a single control plane runs"))
 				}
 			},
 			OnNewLeader: func(leader string) { log.Info("leader", "leader", leader) },

@@ -179,15 +179,7 @@ func keyedComplete(t testing.TB, base, key string, maxTokens int) (int, int) {
 // killEnginesUnder kills the processes whose command line names dir (a
 // killed serve's runtimes).
 func killEnginesUnder(dir string) {
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(cmdline), dir) {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
+	for _, pid := range pidsNaming(dir) {
+		syscall.Kill(pid, syscall.SIGKILL)
 	}
 }

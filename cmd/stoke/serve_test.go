@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -608,14 +609,27 @@ func TestServeReplicaKilledMidStream(t *testing.T) {
 
 // pidBySocket finds the process whose command line names socket.
 func pidBySocket(socket string) string {
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(cmdline), "unix://"+socket) {
-			return e.Name()
-		}
+	if pids := pidsNaming("unix://" + socket); len(pids) > 0 {
+		return strconv.Itoa(pids[0])
 	}
 	return ""
+}
+
+// pidsNaming lists the processes whose command line holds s.
+func pidsNaming(s string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), s) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // TestBenchColdStart runs `stoke bench cold-start` against stoke serve and
