@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -116,6 +117,8 @@ type route struct {
 	queueWait queueWaits
 	// batch is the batch requests holding room on replicas.
 	batch batchSet
+	// adapters is which adapters each replica's engine was told of.
+	adapters adapterRegistry
 }
 
 // New returns an activator.
@@ -245,6 +248,7 @@ func (a *Activator) RemoveReplica(ctx context.Context, deployment, id string) {
 	addr := r.addrs[id]
 	delete(r.addrs, id)
 	r.mu.Unlock()
+	r.adapters.forget(id)
 	a.tr.Forget(addr)
 }
 
@@ -388,9 +392,12 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 		via, dep = a.routes.Load().resolve(ir.Model, &requestFacts{promptTokens: (len(ir.Prompt) + len(ir.Messages)) / promptTokenBytes,
 			maxTokens: ir.maxTokens(), text: func() string { return lastUserText(&ir) }, caller: a.callerOf(req.Context()), header: req.Header}, randIntN)
 	}
+	var adapter *engineapi.LoadAdapterRequest
 	if _, _, ok := a.opts.Resolver.Lookup(dep); !ok && via == nil {
-		writeError(w, openai.ModelNotFound(ir.Model), 0)
-		return "", nil, nil
+		if dep, adapter = a.adapterOf(dep); adapter == nil {
+			writeError(w, openai.ModelNotFound(ir.Model), 0)
+			return "", nil, nil
+		}
 	}
 	if priority != nil {
 		ir.Priority = *priority
@@ -416,7 +423,7 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 	}
 	for i, target := range chain {
 		last := i == len(chain)-1
-		hop := &hop{ir: &ir, flow: flow, body: body, last: last}
+		hop := &hop{ir: &ir, flow: flow, body: body, last: last, adapter: adapter}
 		if via != nil {
 			if hop.body, err = withModel(body, target); err != nil {
 				writeError(w, openai.InvalidRequest("", "request body must be a JSON object"), 0)
@@ -449,6 +456,35 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 	return "", nil, nil // not reached: the last target answers
 }
 
+// adapterName is the name of the adapter the hop applies; "" for none.
+func (h *hop) adapterName() string {
+	if h.adapter == nil {
+		return ""
+	}
+	return h.adapter.Name
+}
+
+// adapterOf resolves "BASE:ADAPTER" to BASE's deployment and the adapter
+// its engines load; ad is nil when name is no adapter of a deployment.
+func (a *Activator) adapterOf(name string) (deployment string, ad *engineapi.LoadAdapterRequest) {
+	ar, ok := a.opts.Resolver.(AdapterResolver)
+	if !ok {
+		return name, nil
+	}
+	base, adapter, ok := engineapi.SplitAdapterModel(name)
+	if !ok {
+		return name, nil
+	}
+	if _, _, known := a.opts.Resolver.Lookup(base); !known {
+		return name, nil
+	}
+	req, ok := ar.Adapter(base, adapter)
+	if !ok {
+		return name, nil
+	}
+	return base, &req
+}
+
 // hop is one target's try at a request.
 type hop struct {
 	ir   *inferenceRequest
@@ -457,6 +493,8 @@ type hop struct {
 	// last is set on the chain's last target, which answers whatever
 	// happens; the others answer only a request they serve.
 	last bool
+	// adapter is the LoRA adapter the request applies; nil for none.
+	adapter *engineapi.LoadAdapterRequest
 }
 
 // Why a target did not serve a request, for its route's next one
@@ -523,7 +561,7 @@ func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, na
 		asked := time.Now()
 		ticket, err := r.buffer.AcquireFlow(ctx, ir.Priority, flow, deadline, func() Room {
 			var room Room
-			id, release, room = r.pool.PickFor(flow.ID, key, failed...)
+			id, release, room = r.pool.PickAdapter(flow.ID, h.adapterName(), key, failed...)
 			return room
 		})
 		r.waiting.Add(-1)
@@ -569,7 +607,28 @@ func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, na
 			r.batch.add(batch)
 		}
 		var used *openai.Usage
-		used, err = a.tr.forward(ctx, &a.tr.proxy(addr).rp, req, h.body, w, !h.last)
+		if h.adapter != nil {
+			err = a.ensureAdapter(ctx, r, id, addr, *h.adapter)
+			var refused *openai.Error
+			if errors.As(err, &refused) {
+				if batch != nil {
+					r.batch.remove(batch)
+				}
+				r.inflight.Add(-1)
+				release(nil)
+				w.Header().Del("X-Stoke-Replica")
+				w.Header().Del(DeploymentHeader)
+				w.Header().Del(RevisionHeader)
+				writeError(w, refused, 0)
+				return r, "", nil
+			}
+			if err != nil {
+				err = fmt.Errorf("%w: %w", errNotStarted, err)
+			}
+		}
+		if err == nil {
+			used, err = a.tr.forward(ctx, &a.tr.proxy(addr).rp, req, h.body, w, !h.last)
+		}
 		if used != nil {
 			rec.usage.counted = used
 		}

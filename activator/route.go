@@ -54,6 +54,9 @@ type Candidate struct {
 	PrefixUses uint32
 
 	rep *poolReplica
+	// adapter is the replica's affinity for the request's adapter
+	// (adapterNone…adapterLoaded; -1 when over the load slack).
+	adapter int
 }
 
 // Policy chooses one of cands and returns its index, or -1 to choose none.
@@ -107,6 +110,10 @@ type PoolOptions struct {
 	OnFree func(n int)
 	// Seed seeds the pool's random source; 0 picks one at random.
 	Seed uint64
+	// AdapterSlots is how many LoRA adapters each replica's engine holds
+	// at once (its --max-loras), for adapter affinity; default
+	// DefaultAdapterSlots.
+	AdapterSlots int
 	// ShareWindow is how long a flow stays active, for the slot shares
 	// (see PickFor), after it last asked for a slot; default
 	// DefaultShareWindow.
@@ -133,7 +140,9 @@ type Pool struct {
 	cands    []Candidate               // scratch for Pick
 	epoch    uint64                    // Pick count, for prefixOwner.epoch
 	shares   *flowShares
-	now      func() int64 // unix nanoseconds; a test's clock
+	// adapterSlots is PoolOptions.AdapterSlots.
+	adapterSlots int
+	now          func() int64 // unix nanoseconds; a test's clock
 }
 
 // poolReplica is one replica's accounting.
@@ -142,6 +151,8 @@ type poolReplica struct {
 	capacity int // guarded by Pool.mu
 	owner    int32
 	breaker  *replicaBreaker // nil when breakers are disabled
+
+	adapters adapterSet // guarded by Pool.mu
 
 	inflight  atomic.Int64
 	removed   atomic.Bool
@@ -165,6 +176,10 @@ func NewPool(opts PoolOptions) *Pool {
 		window = DefaultShareWindow
 	}
 	p.shares = newFlowShares(window)
+	p.adapterSlots = opts.AdapterSlots
+	if p.adapterSlots <= 0 {
+		p.adapterSlots = DefaultAdapterSlots
+	}
 	seed := opts.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -303,15 +318,27 @@ func (p *Pool) Pick(prompt []byte, avoid ...string) (replicaID string, release R
 // flowShares). room says how it went: RoomTaken (the request has a slot),
 // RoomHeld (slots are free, kept for other flows) or RoomNone.
 func (p *Pool) PickFor(flow string, prompt []byte, avoid ...string) (replicaID string, release ReleaseFunc, room Room) {
+	return p.PickAdapter(flow, "", prompt, avoid...)
+}
+
+// PickAdapter is PickFor for a request that applies a LoRA adapter
+// ("" for none): among the replicas within the load slack it prefers one
+// that holds the adapter, then one with a free adapter slot, then one the
+// adapter is being loaded on, and only then one that must evict another;
+// prefix affinity and load choose among the best of them.
+func (p *Pool) PickAdapter(flow, adapter string, prompt []byte, avoid ...string) (replicaID string, release ReleaseFunc, room Room) {
 	var stack [64]uint64
 	var chain []uint64
 	if p.index != nil {
 		chain = prefixChain(p.seed, prompt, p.prefix.BlockSize, p.prefix.MaxPromptBlocks, stack[:0])
 	}
 	p.mu.Lock()
-	r, done, held := p.pickLocked(flow, chain, avoid)
+	r, done, held := p.pickLocked(flow, adapter, chain, avoid)
 	if r == nil && !held && len(avoid) > 0 {
-		r, done, held = p.pickLocked(flow, chain, nil)
+		r, done, held = p.pickLocked(flow, adapter, chain, nil)
+	}
+	if r != nil && adapter != "" {
+		r.adapters.routed(adapter)
 	}
 	p.mu.Unlock()
 	switch {
@@ -325,9 +352,14 @@ func (p *Pool) PickFor(flow string, prompt []byte, avoid ...string) (replicaID s
 		if !once.CompareAndSwap(false, true) {
 			return
 		}
-		if flow != "" {
+		if flow != "" || adapter != "" {
 			p.mu.Lock()
-			p.shares.released(flow, p.now())
+			if flow != "" {
+				p.shares.released(flow, p.now())
+			}
+			if adapter != "" {
+				r.adapters.answered(adapter, err == nil, p.adapterSlots)
+			}
 			p.mu.Unlock()
 		}
 		left := r.inflight.Add(-1)
@@ -349,7 +381,7 @@ func (p *Pool) PickFor(flow string, prompt []byte, avoid ...string) (replicaID s
 // pickLocked runs the policy over the candidates and takes a slot on the
 // chosen replica for flow. It returns nil when none can take the request,
 // and held when slots are free but flow's share keeps it from them.
-func (p *Pool) pickLocked(flow string, chain []uint64, avoid []string) (_ *poolReplica, _ func(error), held bool) {
+func (p *Pool) pickLocked(flow, adapter string, chain []uint64, avoid []string) (_ *poolReplica, _ func(error), held bool) {
 	now := p.now()
 	p.epoch++
 	cands := p.cands[:0]
@@ -386,6 +418,7 @@ func (p *Pool) pickLocked(flow string, chain []uint64, avoid []string) (_ *poolR
 	if len(chain) > 0 && len(cands) > 0 {
 		p.index.match(chain, p.epoch, cands)
 	}
+	cands = p.byAdapter(cands, adapter)
 	for len(cands) > 0 {
 		i := p.policy(p.rng, cands)
 		if i < 0 || i >= len(cands) {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/stokehq/stoke/api/tenancy"
 	"github.com/stokehq/stoke/batch/files"
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
@@ -50,6 +52,14 @@ type Deployments interface {
 	// Unpin.
 	Pin(ctx context.Context, name, revision string) (store.Deployment, error)
 	Unpin(ctx context.Context, name string) (store.Deployment, error)
+}
+
+// AdapterLister lists the LoRA adapters of deployments, which /v1/models
+// shows as models of their own ("BASE:ADAPTER"). A Deployments that is
+// one (reconcile.Controller) gets them listed.
+type AdapterLister interface {
+	// Adapters lists, sorted, the adapters of deployment.
+	Adapters(deployment string) []string
 }
 
 // ColdStarts drives deployments into cold-start tiers and reports how
@@ -185,9 +195,18 @@ func (o Options) listModels(c *gin.Context) {
 	}
 	list := openai.ModelList{Object: openai.ObjectList, Data: []openai.Model{}}
 	p, _ := tenancy.FromContext(c.Request.Context())
+	adapters, _ := o.Deployments.(AdapterLister)
 	for _, d := range ds {
 		if p.Allows(d.Name) {
 			list.Data = append(list.Data, modelObject(d))
+		}
+		if adapters == nil {
+			continue
+		}
+		for _, a := range adapters.Adapters(d.Name) {
+			if id := engineapi.AdapterModel(d.Name, a); p.Allows(id) {
+				list.Data = append(list.Data, adapterModel(d, id))
+			}
 		}
 	}
 	if o.Routes != nil {
@@ -214,6 +233,14 @@ func (o Options) getModel(c *gin.Context) {
 		return
 	}
 	d, err := o.Deployments.Deployment(c.Request.Context(), id)
+	if base, adapter, ok := engineapi.SplitAdapterModel(id); ok && errors.Is(err, store.ErrNotFound) {
+		if al, ok := o.Deployments.(AdapterLister); ok {
+			if bd, berr := o.Deployments.Deployment(c.Request.Context(), base); berr == nil && slices.Contains(al.Adapters(base), adapter) {
+				c.JSON(http.StatusOK, adapterModel(bd, id))
+				return
+			}
+		}
+	}
 	if errors.Is(err, store.ErrNotFound) && o.Routes != nil {
 		if _, ok := findRoute(o.Routes.Routes(), id); ok {
 			c.JSON(http.StatusOK, routeModel(id))
@@ -230,6 +257,12 @@ func (o Options) getModel(c *gin.Context) {
 // modelObject is a deployment as an OpenAI Model object.
 func modelObject(d store.Deployment) openai.Model {
 	return openai.Model{ID: d.Name, Object: openai.ObjectModel, Created: d.UpdatedAt.Unix(), OwnedBy: "stoke"}
+}
+
+// adapterModel is adapter id of deployment d as an OpenAI Model object,
+// its parent the base (as vLLM lists LoRA adapters).
+func adapterModel(d store.Deployment, id string) openai.Model {
+	return openai.Model{ID: id, Object: openai.ObjectModel, Created: d.UpdatedAt.Unix(), OwnedBy: "stoke", Parent: d.Name}
 }
 
 // deploymentJSON is a deployment on the admin API. Spec is what was set,

@@ -77,6 +77,15 @@ func (s storeDeployments) Status(name string) (reconcile.Status, bool) {
 	return reconcile.Status{Ready: 2, Desired: 2, Reason: "concurrency: stable avg 9.0 / target 8 → 2", LastColdStart: tier.Cache}, true
 }
 
+// Adapters lists a fixed LoRA adapter of chat, as a controller that saw
+// one pushed under it would.
+func (s storeDeployments) Adapters(name string) []string {
+	if name != "chat" {
+		return nil
+	}
+	return []string{"sql"}
+}
+
 // send makes one request with headers and returns the answer and its
 // whole body.
 func send(t *testing.T, method, url string, body io.Reader, headers map[string]string) (*http.Response, string) {
@@ -145,6 +154,10 @@ func TestAPI(t *testing.T) {
 	}{
 		{name: "models", method: "GET", path: "/v1/models", status: 200, contains: `"id":"chat"`},
 		{name: "retrieve a model", method: "GET", path: "/v1/models/chat", status: 200, contains: `{"id":"chat","object":"model","created":`},
+		{name: "models list adapters", method: "GET", path: "/v1/models", status: 200, contains: `"id":"chat:sql","object":"model","created":`},
+		{name: "an adapter's parent", method: "GET", path: "/v1/models", status: 200, contains: `"owned_by":"stoke","parent":"chat"}`},
+		{name: "retrieve an adapter", method: "GET", path: "/v1/models/chat:sql", status: 200, contains: `"parent":"chat"`},
+		{name: "retrieve an unknown adapter", method: "GET", path: "/v1/models/chat:nope", status: 404, contains: `model_not_found`},
 		{name: "retrieve a model named with a slash", method: "GET", path: "/v1/models/org/name", status: 200, contains: `{"id":"org/name","object":"model"`},
 		{name: "retrieve a model, slash escaped", method: "GET", path: "/v1/models/org%2Fname", status: 200, contains: `"id":"org/name"`},
 		{name: "retrieve an unknown model", method: "GET", path: "/v1/models/nope", status: 404,

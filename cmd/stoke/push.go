@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stokehq/stoke/weightstore/bucket"
+	"github.com/stokehq/stoke/weightstore/manifest"
 	"github.com/stokehq/stoke/weightstore/push"
 )
 
@@ -21,14 +24,20 @@ func newPushCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "push DIR s3://BUCKET/NAME|file:///DIR/NAME",
-		Short: "Validate a checkpoint and upload it to a bucket as an immutable revision",
+		Short: "Validate a checkpoint or a LoRA adapter and upload it to a bucket as an immutable revision",
 		Long: `Push validates the checkpoint in DIR, optionally quantises it to FP8 and
 reshards it, uploads every file in parallel and writes manifest.json last,
 as the commit point. The model's name is the destination's last path
 element. Pushing identical content again uploads nothing. S3 settings come
 from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
 AWS_REGION; --endpoint, --region and --path-style override them. The new
-revision's digest is printed on standard output.`,
+revision's digest is printed on standard output.
+
+A PEFT LoRA adapter (a directory with adapter_config.json and
+adapter_model.safetensors) goes under its base model, which must be pushed
+first: stoke push ADAPTER_DIR s3://BUCKET/BASE/adapters/NAME. It is checked
+against the base's config before anything is uploaded and served as the
+model BASE:NAME.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dir, dest := args[0], args[1]
@@ -50,6 +59,22 @@ revision's digest is printed on standard output.`,
 			opts.Parallel = parallel
 			if _, err := push.ModelName(dest); err != nil {
 				return err
+			}
+			if push.IsAdapter(dir) {
+				baseURL, _, ok := push.AdapterBase(dest)
+				if !ok {
+					return fmt.Errorf("%s holds a LoRA adapter: push it under its base model, to …/BASE/%s/NAME", dir, manifest.AdaptersDir)
+				}
+				var err error
+				if opts.Base, err = bucket.Open(cmd.Context(), baseURL, s3.options()); err != nil {
+					return fmt.Errorf("the adapter's base model: %w", err)
+				}
+				if scheme, _, path, _ := bucket.SplitURL(dest); scheme == "file" {
+					// A file bucket's parent must exist: the base's adapters folder.
+					if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+						return err
+					}
+				}
 			}
 			b, err := bucket.Open(cmd.Context(), dest, s3.options())
 			if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/stokehq/stoke/activator"
 	"github.com/stokehq/stoke/activator/fleet"
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
 	"github.com/stokehq/stoke/internal/tier"
@@ -277,4 +278,21 @@ func (l *lateController) Acquisition(name, id string) (*runtime.Replica, bool) {
 		return c.Acquisition(name, id)
 	}
 	return nil, false
+}
+
+// Adapter implements activator.AdapterResolver on the leader; a follower
+// serves no adapters yet.
+func (l *lateController) Adapter(deployment, name string) (engineapi.LoadAdapterRequest, bool) {
+	if c := l.c.Load(); c != nil {
+		return c.Adapter(deployment, name)
+	}
+	return engineapi.LoadAdapterRequest{}, false
+}
+
+// Adapters implements api.AdapterLister.
+func (l *lateController) Adapters(deployment string) []string {
+	if c := l.c.Load(); c != nil {
+		return c.Adapters(deployment)
+	}
+	return nil
 }

@@ -304,6 +304,9 @@ type Model struct {
 	OwnedBy string `json:"owned_by"`
 	// MaxModelLen is vLLM's extension: the context length.
 	MaxModelLen int `json:"max_model_len,omitempty"`
+	// Parent is vLLM's extension for a LoRA adapter: the base model it
+	// applies to.
+	Parent string `json:"parent,omitempty"`
 }
 
 // ModelList is the /v1/models response.

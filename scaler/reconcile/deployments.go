@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/openai"
 	"github.com/stokehq/stoke/internal/store"
@@ -78,6 +79,10 @@ func (c *Controller) installLocked(d store.Deployment, spec config.Spec) {
 // revision served did not fail. A pinned deployment stays on its revision.
 func (c *Controller) OnRevision(r store.Revision) {
 	if r.State != store.RevisionReady {
+		return
+	}
+	if base, name, ok := engineapi.SplitAdapterModel(r.Model); ok {
+		c.setAdapter(base, name, r) // adapters.go
 		return
 	}
 	ctx := context.Background()

@@ -185,6 +185,9 @@ type Controller struct {
 
 	mu   sync.Mutex
 	deps map[string]*deployment
+	// adapters holds, per model, the LoRA adapters pushed under it at
+	// their latest ready revision (adapters.go).
+	adapters map[string]map[string]engineapi.LoadAdapterRequest
 	// rollouts is the rollouts in canary, by deployment (rollout.go).
 	rollouts map[string]*rolloutRun
 	// loads counts each deployment's consecutive load failures

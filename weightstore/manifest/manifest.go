@@ -28,6 +28,11 @@ const FileName = "manifest.json"
 // RevisionPrefix starts every revision digest.
 const RevisionPrefix = "sha256:"
 
+// AdaptersDir is the folder of a model's prefix that holds its LoRA
+// adapters, one prefix each: BASE/adapters/NAME/, with a manifest of its
+// own.
+const AdaptersDir = "adapters"
+
 // File is one file of a revision.
 type File struct {
 	// Name is a plain file name (no directories) inside the model's prefix.
@@ -54,6 +59,11 @@ type Manifest struct {
 	// Spec is the stoke.yaml deployment spec converted to a JSON object,
 	// or empty when none was pushed.
 	Spec json.RawMessage `json:"spec,omitempty"`
+	// Base, set on an adapter's manifest, names the model the adapter
+	// applies to, and BaseRevision the revision it was checked against
+	// when pushed.
+	Base         string `json:"base,omitempty"`
+	BaseRevision string `json:"base_revision,omitempty"`
 	// CreatedAt is when the manifest was written.
 	CreatedAt time.Time `json:"created_at"`
 }

@@ -50,6 +50,10 @@ type Options struct {
 	// Progress receives a multi-line progress bar when it is a terminal, or
 	// one line per file otherwise; nil shows nothing.
 	Progress io.Writer
+	// Base is the prefix of the base model when dir holds a LoRA adapter
+	// (IsAdapter): the adapter is checked against the base's committed
+	// revision there before anything is uploaded.
+	Base bucket.Bucket
 }
 
 // Push uploads the checkpoint in dir to dest and returns the manifest of the
@@ -63,7 +67,13 @@ func Push(ctx context.Context, dir string, dest bucket.Bucket, opts Options) (*m
 	if err != nil {
 		return nil, fmt.Errorf("push %s: %w", dir, err)
 	}
-	src, dt, cleanup, err := prepare(ctx, dir, opts)
+	var base *manifest.Manifest
+	src, dt, cleanup := dir, dtype.Invalid, func() {}
+	if IsAdapter(dir) {
+		base, dt, err = checkAdapter(ctx, dir, opts)
+	} else {
+		src, dt, cleanup, err = prepare(ctx, dir, opts)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -85,6 +95,9 @@ func Push(ctx context.Context, dir string, dest bucket.Bucket, opts Options) (*m
 	}
 	for _, f := range files {
 		m.TotalBytes += f.Size
+	}
+	if base != nil {
+		m.Base, m.BaseRevision = base.Model, base.Revision
 	}
 
 	prev, err := readManifest(ctx, dest)

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/engine/model"
 	"github.com/stokehq/stoke/internal/dtype"
 	"github.com/stokehq/stoke/weightstore/bucket"
@@ -61,7 +62,11 @@ func (w *Watcher) check(ctx context.Context, name string, listed []manifest.File
 		}
 		sizes[f.Name] = f.Size
 	}
-	dt, err := w.checkCheckpoint(ctx, name, sizes)
+	check := w.checkCheckpoint
+	if _, _, ok := engineapi.SplitAdapterModel(name); ok {
+		check = w.checkAdapter
+	}
+	dt, err := check(ctx, name, sizes)
 	if err != nil {
 		reason, err := split(err)
 		return dtype.Invalid, reason, err
@@ -76,7 +81,7 @@ func (w *Watcher) check(ctx context.Context, name string, listed []manifest.File
 // files (name to size) of model name and returns its projection weights'
 // dtype. Findings are invalidErrors.
 func (w *Watcher) checkCheckpoint(ctx context.Context, name string, sizes map[string]int64) (dtype.DType, error) {
-	key := func(file string) string { return name + "/" + file }
+	key := func(file string) string { return prefixOf(name) + "/" + file }
 	size, ok := sizes[checkpoint.ConfigFile]
 	if !ok {
 		return dtype.Invalid, invalidf("%s is missing", checkpoint.ConfigFile)
@@ -140,6 +145,42 @@ func (w *Watcher) checkCheckpoint(ctx context.Context, name string, sizes map[st
 	return dt, nil
 }
 
+// checkAdapter checks the adapter made of the given files of BASE:NAME
+// against its base model's config.json and returns its dtype. Findings
+// are invalidErrors.
+func (w *Watcher) checkAdapter(ctx context.Context, name string, sizes map[string]int64) (dtype.DType, error) {
+	base, _, _ := engineapi.SplitAdapterModel(name)
+	for _, f := range []string{checkpoint.AdapterConfigFile, checkpoint.AdapterWeightsFile} {
+		if _, ok := sizes[f]; !ok {
+			return dtype.Invalid, invalidf("%s is missing", f)
+		}
+	}
+	acfg, err := readSmall(ctx, w.bucket, prefixOf(name)+"/"+checkpoint.AdapterConfigFile, sizes[checkpoint.AdapterConfigFile])
+	if err != nil {
+		return dtype.Invalid, err
+	}
+	baseKey := base + "/" + checkpoint.ConfigFile
+	o, err := w.bucket.Stat(ctx, baseKey)
+	if errors.Is(err, bucket.ErrNotExist) {
+		return dtype.Invalid, invalidf("the base model %s has no %s", base, checkpoint.ConfigFile)
+	} else if err != nil {
+		return dtype.Invalid, err
+	}
+	bcfg, err := readSmall(ctx, w.bucket, baseKey, o.Size)
+	if err != nil {
+		return dtype.Invalid, err
+	}
+	headers, err := w.readHeaders(ctx, name, []string{checkpoint.AdapterWeightsFile}, sizes)
+	if err != nil {
+		return dtype.Invalid, err
+	}
+	dt, err := checkpoint.CheckAdapter(bcfg, acfg, headers[checkpoint.AdapterWeightsFile])
+	if err != nil {
+		return dtype.Invalid, invalidf("%v", err)
+	}
+	return dt, nil
+}
+
 // tokenizerFiles are the small files the engine builds its tokenizer from.
 var tokenizerFiles = []string{checkpoint.TokenizerFile, checkpoint.TokenizerConfig, checkpoint.ChatTemplateFile}
 
@@ -192,7 +233,7 @@ func (w *Watcher) readHeaders(ctx context.Context, name string, shards []string,
 	g.SetLimit(w.opts.Parallel)
 	for i, shard := range shards {
 		g.Go(func() error {
-			r := &rangeReaderAt{ctx: gctx, b: w.bucket, key: name + "/" + shard}
+			r := &rangeReaderAt{ctx: gctx, b: w.bucket, key: prefixOf(name) + "/" + shard}
 			h, err := safetensors.ReadHeader(r, sizes[shard])
 			switch {
 			case errors.Is(err, safetensors.ErrInvalidHeader):

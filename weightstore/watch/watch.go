@@ -36,6 +36,12 @@
 // loader verifies the sha256 of every byte it reads, so hashing whole
 // checkpoints here would double the reads for nothing.
 //
+// A LoRA adapter pushed under a model, BASE/adapters/NAME/ with its own
+// manifest.json, is recorded as the revisions of BASE:NAME once committed
+// (adapters count only when `stoke push` commits them): every listed file
+// present with its size, adapter_config.json and the safetensors header
+// fitting BASE's config.json (checkpoint.CheckAdapter).
+//
 // Quiet periods are measured from when this watcher first saw the prefix in
 // its current form, so an upload that finished before the watcher started
 // waits one quiet period. A multipart upload is invisible until it
@@ -58,6 +64,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/store"
 	"github.com/stokehq/stoke/weightstore/bucket"
 	"github.com/stokehq/stoke/weightstore/manifest"
@@ -217,12 +224,20 @@ func (w *Watcher) Scan(ctx context.Context) error {
 // groupByModel sorts the objects of a bucket listing by top-level prefix,
 // keeping for each model the files directly under it by file name. Keys at
 // the root, deeper keys and hidden files are not part of any checkpoint.
+// The files directly under BASE/adapters/NAME/ make the group BASE:NAME,
+// a LoRA adapter of BASE; a top-level prefix with a ':' is no model.
 func groupByModel(objs []bucket.Object) map[string]map[string]bucket.Object {
 	groups := map[string]map[string]bucket.Object{}
 	for _, o := range objs {
 		name, file, ok := strings.Cut(o.Key, "/")
 		if !ok || strings.HasPrefix(name, ".") { // hidden prefixes are no models, on any bucket
 			continue
+		}
+		if strings.Contains(name, engineapi.AdapterSeparator) {
+			continue // BASE:NAME names an adapter: no model may be called so
+		}
+		if adapter, afile, ok := adapterKey(file); ok {
+			name, file = engineapi.AdapterModel(name, adapter), afile
 		}
 		files := groups[name]
 		if files == nil {
@@ -237,12 +252,15 @@ func groupByModel(objs []bucket.Object) map[string]map[string]bucket.Object {
 	return groups
 }
 
-// scanModel handles one model's prefix.
+// scanModel handles one model's prefix, or one adapter's.
 func (w *Watcher) scanModel(ctx context.Context, name string, files map[string]bucket.Object, st *modelState) error {
 	man, ok := files[manifest.FileName]
 	if ok && !stale(man, files) {
 		st.fingerprint, st.settled, st.pending = "", false, nil
 		return w.scanCommitted(ctx, name, man, files, st)
+	}
+	if _, _, adapter := engineapi.SplitAdapterModel(name); adapter {
+		return nil // an adapter counts once `stoke push` commits it
 	}
 	return w.scanPlain(ctx, name, files, st)
 }
@@ -359,4 +377,28 @@ func (w *Watcher) record(ctx context.Context, rev store.Revision, check func() (
 }
 
 // source is the bucket URL of a model's prefix.
-func (w *Watcher) source(name string) string { return w.bucket.URL() + "/" + name }
+func (w *Watcher) source(name string) string { return w.bucket.URL() + "/" + prefixOf(name) }
+
+// prefixOf is the key prefix of a model, or of an adapter BASE:NAME
+// (BASE/adapters/NAME), in the bucket.
+func prefixOf(name string) string {
+	if base, adapter, ok := engineapi.SplitAdapterModel(name); ok {
+		return base + "/" + manifest.AdaptersDir + "/" + adapter
+	}
+	return name
+}
+
+// adapterKey splits the key of a file under a model's prefix into the
+// adapter it belongs to and its name there (adapters/NAME/FILE).
+func adapterKey(key string) (adapter, file string, ok bool) {
+	rest, ok := strings.CutPrefix(key, manifest.AdaptersDir+"/")
+	if !ok {
+		return "", "", false
+	}
+	adapter, file, ok = strings.Cut(rest, "/")
+	if !ok || adapter == "" || strings.HasPrefix(adapter, ".") || manifest.CheckName(adapter) != nil ||
+		strings.Contains(adapter, engineapi.AdapterSeparator) {
+		return "", "", false
+	}
+	return adapter, file, true
+}
