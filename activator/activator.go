@@ -536,6 +536,16 @@ func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, na
 	}
 	r := a.routeFor(name, spec)
 	r.arrivals.Add(1)
+	body := h.body
+	if !spec.Speculative { // the deployment's default, unless the request says
+		var err error
+		if body, err = withDefault(body, "speculative", json.RawMessage("false")); err != nil {
+			if h.last {
+				writeError(w, openai.InvalidRequest("", "request body must be a JSON object"), 0)
+			}
+			return r, reasonUnknown, nil
+		}
+	}
 	key := ir.Prompt
 	if len(ir.Messages) > 0 {
 		key = ir.Messages
@@ -627,7 +637,7 @@ func (a *Activator) serveDeployment(rec *recorder, req *http.Request, h *hop, na
 			}
 		}
 		if err == nil {
-			used, err = a.tr.forward(ctx, &a.tr.proxy(addr).rp, req, h.body, w, !h.last)
+			used, err = a.tr.forward(ctx, &a.tr.proxy(addr).rp, req, body, w, !h.last)
 		}
 		if used != nil {
 			rec.usage.counted = used

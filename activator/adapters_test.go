@@ -235,3 +235,38 @@ func TestServeAdapters(t *testing.T) {
 		t.Fatalf("registrations after the replica came back: %d, want 2", n)
 	}
 }
+
+// TestServeSpeculativeDefault: a deployment with speculative: false has
+// its requests reach the engine with "speculative": false unless they
+// ask for it; the default spec passes bodies through untouched.
+func TestServeSpeculativeDefault(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		speculative bool
+		body, want  string
+	}{
+		{"default passes through", true, `{"model":"m","prompt":"x"}`, `{"model":"m","prompt":"x"}`},
+		{"off by the deployment", false, `{"model":"m","prompt":"x"}`, `{"speculative":false,"model":"m","prompt":"x"}`},
+		{"the request decides", false, `{"model":"m","prompt":"x","speculative":true}`, `{"model":"m","prompt":"x","speculative":true}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := config.Default()
+			spec.Speculative = tc.speculative
+			a, ts, _ := newTestActivator(t, spec)
+			seen := make(chan string, 1)
+			engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, _ := io.ReadAll(r.Body)
+				seen <- string(body)
+				fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
+			}))
+			defer engine.Close()
+			a.AddReplica("m", "r0", strings.TrimPrefix(engine.URL, "http://"), 0)
+			if resp, body := post(t, ts.URL, tc.body); resp.StatusCode != http.StatusOK {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			if got := <-seen; got != tc.want {
+				t.Fatalf("the engine got %s, want %s", got, tc.want)
+			}
+		})
+	}
+}

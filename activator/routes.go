@@ -257,6 +257,41 @@ func withModel(body []byte, name string) ([]byte, error) {
 	return append(out, body[from:]...), nil
 }
 
+// withDefault returns body with key set to value when the body's top-level
+// object does not have key already; body is returned as it is otherwise.
+func withDefault(body []byte, key string, value json.RawMessage) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	t, err := dec.Token()
+	if err != nil || t != json.Delim('{') {
+		return nil, errors.New("request body must be a JSON object")
+	}
+	open := int(dec.InputOffset())
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("read the request body: %w", err)
+		}
+		if t == key {
+			return body, nil
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, fmt.Errorf("read the request body: %w", err)
+		}
+	}
+	quoted, _ := json.Marshal(key)
+	out := make([]byte, 0, len(body)+len(quoted)+len(value)+2)
+	out = append(append(append(append(out, body[:open]...), quoted...), ':'), value...)
+	rest := body[open:]
+	for len(rest) > 0 && isSpace(rest[0]) {
+		rest = rest[1:]
+	}
+	if len(rest) > 0 && rest[0] != '}' {
+		out = append(out, ',')
+	}
+	return append(out, body[open:]...), nil
+}
+
 // randIntN is the split's draw.
 func randIntN(n int) int { return rand.IntN(n) }
 

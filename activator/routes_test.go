@@ -284,3 +284,26 @@ func TestServeRouteContextFallback(t *testing.T) {
 		t.Fatalf("outcomes %+v: want chat served by long after one fallback, then only-short by short", outcomes)
 	}
 }
+
+func TestWithDefault(t *testing.T) {
+	cases := []struct{ body, want string }{
+		{`{"model":"m"}`, `{"speculative":false,"model":"m"}`},
+		{`{ }`, `{"speculative":false }`},
+		{`{}`, `{"speculative":false}`},
+		{`{"model":"m","speculative":true}`, `{"model":"m","speculative":true}`},
+		{`{"nested":{"speculative":1},"model":"m"}`, `{"speculative":false,"nested":{"speculative":1},"model":"m"}`},
+	}
+	for _, tc := range cases {
+		got, err := withDefault([]byte(tc.body), "speculative", json.RawMessage("false"))
+		if err != nil || string(got) != tc.want {
+			t.Errorf("withDefault(%s) = %s, %v; want %s", tc.body, got, err, tc.want)
+		}
+		var v map[string]any
+		if err == nil && json.Unmarshal(got, &v) != nil {
+			t.Errorf("withDefault(%s) = %s is not JSON", tc.body, got)
+		}
+	}
+	if _, err := withDefault([]byte(`[1]`), "speculative", json.RawMessage("false")); err == nil {
+		t.Error("a body that is no object was accepted")
+	}
+}

@@ -78,6 +78,11 @@ type Spec struct {
 	// at once (the default), or first as a canary, promoted by an eval
 	// gate or by hand.
 	Rollout Rollout `json:"rollout"`
+	// Speculative is whether the deployment's requests use speculative
+	// decoding where its engines have it (stoke serve
+	// --speculative-config): on by default; false turns it off for the
+	// requests that do not ask for it themselves ("speculative": true).
+	Speculative bool `json:"speculative"`
 }
 
 // Forecast is how the scaler forecasts a deployment's arrivals: additive
@@ -287,6 +292,7 @@ func Default() Spec {
 		Buffer:            Buffer{Capacity: 1000, Timeout: Duration(60 * time.Second)},
 		Forecast:          Forecast{Predictive: true, Period: Duration(24 * time.Hour), Bucket: Duration(time.Minute)},
 		Rollout:           Rollout{Eval: Eval{Metric: EvalExactMatch, MaxTokens: DefaultEvalTokens, Timeout: Duration(10 * time.Minute)}},
+		Speculative:       true,
 	}
 }
 
