@@ -31,6 +31,7 @@ func TestWatcher(t *testing.T) {
 		{"plain upload still changing", testPlainChanging},
 		{"plain upload missing a shard", testPlainMissingShard},
 		{"files newer than the manifest", testStaleManifest},
+		{"adapters", testAdapters},
 	}
 	for _, be := range backends() {
 		t.Run(be.name, func(t *testing.T) {
