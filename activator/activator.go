@@ -75,6 +75,10 @@ type Options struct {
 	// CallerOf, when set, says who sends a request (its tenant and key
 	// class), for the routes' tenant and tier rules.
 	CallerOf func(ctx context.Context) Caller
+	// AdapterSlots is how many LoRA adapters each engine holds at once
+	// (its --max-loras), for adapter affinity; default
+	// DefaultAdapterSlots.
+	AdapterSlots int
 	// Registerer, when set, receives the activator's stoke_* series.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -210,7 +214,8 @@ func (a *Activator) routeFor(name string, spec config.Spec) *route {
 			}
 			a.opts.Resolver.Poke(name)
 		}})
-		r.pool = NewPool(PoolOptions{OnFree: func(n int) { r.buffer.Notify(n) }, Prefix: PrefixOptions{Disabled: a.opts.LeastInFlight}})
+		r.pool = NewPool(PoolOptions{OnFree: func(n int) { r.buffer.Notify(n) }, Prefix: PrefixOptions{Disabled: a.opts.LeastInFlight},
+			AdapterSlots: a.opts.AdapterSlots})
 		a.deps[name] = r
 	}
 	return r

@@ -25,6 +25,7 @@ import (
 	"github.com/stokehq/stoke/api/tenancy"
 	"github.com/stokehq/stoke/batch"
 	"github.com/stokehq/stoke/batch/files"
+	"github.com/stokehq/stoke/engine/core"
 	"github.com/stokehq/stoke/engine/server"
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/store"
@@ -43,6 +44,8 @@ type serveFlags struct {
 	noUsage                                                     bool
 	simProfile, routing, cacheMaxSize, kernels                  string
 	slots, warm, maxNumSeqs, threads, lowerPriorityPrefill      int
+	maxLoras, maxLoRARank                                       int
+	speculativeConfig                                           string
 	interval, quiet, drain                                      time.Duration
 	prefetch                                                    bool
 	limits                                                      serveLimits
@@ -92,6 +95,9 @@ DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 	fl.IntVar(&f.maxNumSeqs, "max-num-seqs", 256, "requests one runtime runs at once")
 	fl.IntVar(&f.threads, "threads", 0, "compute threads of every runtime (0 = all cores)")
 	fl.IntVar(&f.lowerPriorityPrefill, "lower-priority-prefill-tokens", 32, "prompt tokens an engine step computes at most for batch lines while interactive requests are in the engine (0 = no cap)")
+	fl.IntVar(&f.maxLoras, "max-loras", core.DefaultMaxLoras, "LoRA adapter slots of every runtime (adapters pushed under a model are served as MODEL:ADAPTER); 0 turns LoRA off")
+	fl.IntVar(&f.maxLoRARank, "max-lora-rank", core.DefaultMaxLoRARank, "largest LoRA rank (r) an adapter may have")
+	fl.StringVar(&f.speculativeConfig, "speculative-config", "", `speculative decoding in every runtime, as vLLM's JSON (e.g. {"method":"ngram","num_speculative_tokens":4}); a deployment turns it off with speculative: false`)
 	addKernelsFlag(fl, &f.kernels)
 	fl.DurationVar(&f.interval, "watch-interval", watch.DefaultInterval, "time between two scans of the bucket")
 	fl.DurationVar(&f.quiet, "quiet", watch.DefaultQuiet, "how long a plain upload must stay unchanged before it is deployed")
@@ -183,6 +189,14 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return fmt.Errorf("--slots/--spot-slots: %w", err)
 	}
+	if f.maxLoras < 0 || f.maxLoRARank < 1 {
+		return fmt.Errorf("--max-loras must not be negative and --max-lora-rank must be positive, got %d and %d", f.maxLoras, f.maxLoRARank)
+	}
+	if f.speculativeConfig != "" {
+		if _, err := server.ParseSpeculativeConfig(f.speculativeConfig); err != nil {
+			return fmt.Errorf("--speculative-config: %w", err)
+		}
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	adminKey, err := f.auth.adminKey()
@@ -217,7 +231,7 @@ func runServe(ctx context.Context, f serveFlags) error {
 	if f.routing != "prefix" && f.routing != "least-inflight" {
 		return fmt.Errorf("--routing: %q is not prefix or least-inflight", f.routing)
 	}
-	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg,
+	act := activator.New(activator.Options{Resolver: late, LeastInFlight: f.routing == "least-inflight", Registerer: reg, AdapterSlots: f.maxLoras,
 		StreamWriteTimeout: f.limits.streamWrite, Authorize: tenancy.AuthorizeModel, Admit: tenants.Admit, CallerOf: tenants.CallerOf})
 	routes, err := newRouteBook(ctx, f.routesFile, act, st)
 	if err != nil {

@@ -68,6 +68,12 @@ func (c *controlPlane) start(ctx context.Context, router reconcile.Router) error
 	if f.kernels != "" {
 		engineArgs = append(engineArgs, "--kernels", f.kernels)
 	}
+	if f.maxLoras > 0 {
+		engineArgs = append(engineArgs, "--enable-lora", "--max-loras", fmt.Sprint(f.maxLoras), "--max-lora-rank", fmt.Sprint(f.maxLoRARank))
+	}
+	if f.speculativeConfig != "" {
+		engineArgs = append(engineArgs, "--speculative-config", f.speculativeConfig)
+	}
 	if f.simProfile != "" {
 		engineArgs = append(engineArgs, "--sim", "--sim-profile", f.simProfile)
 	}
