@@ -96,6 +96,12 @@ func TestLeaderAndFollower(t *testing.T) {
 		t.Fatal(err)
 	}
 	follower := fleet.NewFollower(followerRoutes, st, st, "gw-2", nil)
+	if _, err := st.PutRevision(ctx, store.Revision{Model: "chat:sql", Digest: "sha256:cc", Source: "s3://b/chat/adapters/sql"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetRevisionState(ctx, "chat:sql", "sha256:cc", store.RevisionReady, ""); err != nil {
+		t.Fatal(err)
+	}
 
 	pub.AddReplica("chat", "rt-1", "10.0.0.1:8000", 8)
 	pub.AddReplica("chat", "rt-2", "10.0.0.2:8000", 8)
@@ -114,6 +120,12 @@ func TestLeaderAndFollower(t *testing.T) {
 	}
 	if _, _, ok := follower.Lookup("nope"); ok {
 		t.Error("the follower resolves a deployment that is not stored")
+	}
+	if ad, ok := follower.Adapter("chat", "sql"); !ok || ad.Path != "s3://b/chat/adapters/sql" || ad.Revision != "sha256:cc" {
+		t.Errorf("the follower resolves chat's adapter sql to %+v %v, want the stored ready revision", ad, ok)
+	}
+	if names := follower.Adapters("chat"); len(names) != 1 || names[0] != "sql" {
+		t.Errorf("the follower lists chat's adapters as %v", names)
 	}
 	reps, cans := followerRoutes.snapshot()
 	want := map[string]string{"chat/rt-1": "10.0.0.1:8000", "chat/rt-2": "10.0.0.2:8000", "chat@canary/rt-3": "10.0.0.3:8000"}

@@ -3,9 +3,11 @@ package fleet
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/config"
 	"github.com/stokehq/stoke/internal/store"
 	"github.com/stokehq/stoke/scaler/reconcile"
@@ -25,6 +27,7 @@ type Routes interface {
 type Deployments interface {
 	Deployments(ctx context.Context) ([]store.Deployment, error)
 	ActiveRollouts(ctx context.Context) ([]store.Rollout, error)
+	ReadyAdapters(ctx context.Context) ([]store.Revision, error)
 }
 
 // drainTimeout bounds how long an unpublished replica's requests here may
@@ -50,6 +53,8 @@ type Follower struct {
 
 	mu       sync.Mutex
 	resolved map[string]deployment
+	// adapters are the deployments' LoRA adapters, by base and name.
+	adapters map[string]map[string]engineapi.LoadAdapterRequest
 	applied  map[[2]string]store.Endpoint // by deployment and replica
 	canaries map[string]store.CanaryShare // by deployment
 }
@@ -72,6 +77,28 @@ func (f *Follower) Lookup(name string) (string, config.Spec, bool) {
 	defer f.mu.Unlock()
 	d, ok := f.resolved[name]
 	return d.revision, d.spec, ok
+}
+
+// Adapter implements activator.AdapterResolver from what the store holds:
+// an adapter of a deployment at its latest ready revision, as the leader
+// serves it.
+func (f *Follower) Adapter(deployment, name string) (engineapi.LoadAdapterRequest, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ad, ok := f.adapters[deployment][name]
+	return ad, ok
+}
+
+// Adapters lists, sorted, the adapters of deployment.
+func (f *Follower) Adapters(deployment string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	names := make([]string, 0, len(f.adapters[deployment]))
+	for n := range f.adapters[deployment] {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // Poke implements activator.Resolver: the next sync comes now, so the
@@ -126,12 +153,24 @@ func (f *Follower) Sync(ctx context.Context) error {
 	for _, ro := range canaries {
 		resolve(reconcile.CanaryPool(ro.Deployment), ro.Candidate, ro.Spec)
 	}
+	ready, err := f.deps.ReadyAdapters(ctx)
+	if err != nil {
+		return err
+	}
+	adapters := map[string]map[string]engineapi.LoadAdapterRequest{}
+	for _, r := range ready {
+		base, name, _ := engineapi.SplitAdapterModel(r.Model)
+		if adapters[base] == nil {
+			adapters[base] = map[string]engineapi.LoadAdapterRequest{}
+		}
+		adapters[base][name] = engineapi.LoadAdapterRequest{Name: name, Path: r.Source, Revision: r.Digest}
+	}
 	eps, shares, err := f.st.Fleet(ctx)
 	if err != nil {
 		return err
 	}
 	f.mu.Lock()
-	f.resolved = resolved
+	f.resolved, f.adapters = resolved, adapters
 	f.mu.Unlock()
 	f.apply(ctx, eps, shares)
 

@@ -280,11 +280,13 @@ func (l *lateController) Acquisition(name, id string) (*runtime.Replica, bool) {
 	return nil, false
 }
 
-// Adapter implements activator.AdapterResolver on the leader; a follower
-// serves no adapters yet.
+// Adapter implements activator.AdapterResolver.
 func (l *lateController) Adapter(deployment, name string) (engineapi.LoadAdapterRequest, bool) {
 	if c := l.c.Load(); c != nil {
 		return c.Adapter(deployment, name)
+	}
+	if f := l.follower(); f != nil {
+		return f.Adapter(deployment, name)
 	}
 	return engineapi.LoadAdapterRequest{}, false
 }
@@ -293,6 +295,9 @@ func (l *lateController) Adapter(deployment, name string) (engineapi.LoadAdapter
 func (l *lateController) Adapters(deployment string) []string {
 	if c := l.c.Load(); c != nil {
 		return c.Adapters(deployment)
+	}
+	if f := l.follower(); f != nil {
+		return f.Adapters(deployment)
 	}
 	return nil
 }

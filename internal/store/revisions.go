@@ -208,6 +208,33 @@ func (s *Store) LatestReady(ctx context.Context, model string) (Revision, error)
 	return r, nil
 }
 
+// ReadyAdapters returns the latest ready revision of every LoRA adapter
+// recorded (a model named BASE:NAME, as the watcher records an adapter
+// pushed under BASE), sorted by name: what a gateway serves BASE:NAME
+// with.
+func (s *Store) ReadyAdapters(ctx context.Context) ([]Revision, error) {
+	rows, err := s.db.QueryContext(ctx,
+		`SELECT `+revisionColumns+` FROM revisions WHERE state = ? AND model LIKE '%:%' ORDER BY model, id DESC`, string(RevisionReady))
+	if err != nil {
+		return nil, fmt.Errorf("list ready adapters: %w", err)
+	}
+	defer rows.Close()
+	var out []Revision
+	for rows.Next() {
+		r, err := scanRevision(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list ready adapters: %w", err)
+		}
+		if len(out) == 0 || out[len(out)-1].Model != r.Model {
+			out = append(out, r)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list ready adapters: %w", err)
+	}
+	return out, nil
+}
+
 // Models lists, sorted, every model with at least one recorded revision.
 func (s *Store) Models(ctx context.Context) ([]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT DISTINCT model FROM revisions ORDER BY model`)

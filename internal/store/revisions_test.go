@@ -306,3 +306,42 @@ func TestConcurrentWriters(t *testing.T) {
 		}
 	})
 }
+
+func TestReadyAdapters(t *testing.T) {
+	eachBackend(t, func(t *testing.T, bk backend) {
+		ctx := context.Background()
+		s := bk.open(t)
+		put := func(model, digest string, state RevisionState) {
+			t.Helper()
+			if _, err := s.PutRevision(ctx, Revision{Model: model, Digest: digest, Source: "s3://b/" + model}); err != nil {
+				t.Fatal(err)
+			}
+			reason := ""
+			if state == RevisionFailed {
+				reason = "bad"
+			}
+			if state != RevisionValidating {
+				if err := s.SetRevisionState(ctx, model, digest, state, reason); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		put("llama", "sha256:01", RevisionReady)
+		put("llama:sql", "sha256:02", RevisionReady)
+		put("llama:sql", "sha256:03", RevisionReady)
+		put("llama:sql", "sha256:04", RevisionFailed)
+		put("llama:law", "sha256:05", RevisionValidating)
+		put("llama:chat", "sha256:06", RevisionReady)
+		got, err := s.ReadyAdapters(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, r := range got {
+			names = append(names, r.Model+"@"+r.Digest)
+		}
+		if want := []string{"llama:chat@sha256:06", "llama:sql@sha256:03"}; !slices.Equal(names, want) {
+			t.Fatalf("ReadyAdapters = %v, want %v", names, want)
+		}
+	})
+}

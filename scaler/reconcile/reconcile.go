@@ -320,9 +320,19 @@ func New(ctx context.Context, opts Options) (*Controller, error) {
 		if _, ok := c.deps[m]; ok {
 			continue
 		}
+		if _, _, adapter := engineapi.SplitAdapterModel(m); adapter {
+			continue // ReadyAdapters below
+		}
 		if r, err := opts.Store.LatestReady(ctx, m); err == nil {
 			c.OnRevision(r)
 		}
+	}
+	adapters, err := opts.Store.ReadyAdapters(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load adapters: %w", err)
+	}
+	for _, r := range adapters {
+		c.OnRevision(r) // adapters.go
 	}
 	if err := c.recoverRollouts(ctx); err != nil { // rollout.go
 		return nil, fmt.Errorf("resume canaries: %w", err)
