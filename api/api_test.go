@@ -145,7 +145,7 @@ func TestAPI(t *testing.T) {
 	}
 	defaults := `"effective_spec":{"replicas":{"min":0,"max":4,"sleeping":4},"target_concurrency":8,"ttft_slo":"800ms",` +
 		`"window":"1m0s","idle_delay":"30s","buffer":{"capacity":1000,"timeout":"1m0s"},"price":{"input_per_1m":0,"output_per_1m":0,"cached_input_per_1m":0},"cost":{"replica_hourly_usd":0},"forecast":{"predictive":true,"period":"24h0m0s","bucket":"1m0s"},` +
-		`"rollout":{"canary_percent":0,"eval":{"file":"","metric":"exact_match","max_regression":0,"max_tokens":32,"timeout":"10m0s"}}}`
+		`"rollout":{"canary_percent":0,"eval":{"file":"","metric":"exact_match","max_regression":0,"max_tokens":32,"timeout":"10m0s"}},"speculative":true}`
 	for _, tc := range []struct {
 		name, method, path, body string
 		status                   int

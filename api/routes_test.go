@@ -256,7 +256,7 @@ func TestModelsListRoutes(t *testing.T) {
 		}
 	}
 	// Deployments first (by name), then routes (by name).
-	want := []string{"chat stoke", "org/big stoke", "fast stoke-route", "org/smart stoke-route"}
+	want := []string{"chat stoke", "chat:sql stoke", "org/big stoke", "fast stoke-route", "org/smart stoke-route"}
 	if !slices.Equal(got, want) {
 		t.Errorf("GET /v1/models ids = %q, want %q", got, want)
 	}

@@ -34,6 +34,12 @@ type engineFlags struct {
 	logFile, logMaxSize                             string
 	logBackups                                      int
 	s3                                              *s3Flags
+	speculativeConfig                               string
+	speculative                                     *server.SpeculativeConfig // parsed from speculativeConfig
+	enableLoRA                                      bool
+	maxLoras, maxLoRARank                           int
+	loraModules                                     []string
+	lora                                            server.LoRAOptions // parsed from the LoRA flags
 }
 
 func newEngineCmd() *cobra.Command {
@@ -68,6 +74,11 @@ func newEngineCmd() *cobra.Command {
 	fl.StringVar(&f.logFile, "log-file", "", "write the log, and standard output and error, to this file, rotated past --log-max-size (default: log to standard error)")
 	fl.StringVar(&f.logMaxSize, "log-max-size", "10MiB", "size at which --log-file rotates (whole MiB)")
 	fl.IntVar(&f.logBackups, "log-max-backups", process.DefaultLogBackups, "rotated copies of --log-file kept")
+	fl.StringVar(&f.speculativeConfig, "speculative-config", "", `speculative decoding, as vLLM's JSON: {"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2} or {"method":"draft_model","model":"DIR","num_speculative_tokens":4}, with "disable_by_batch_size" (default `+fmt.Sprint(server.DefaultDisableByBatchSize)+`, 0 = never); requests opt out with "speculative": false`)
+	fl.BoolVar(&f.enableLoRA, "enable-lora", false, "serve LoRA adapters over the model: requests name BASE:ADAPTER or ADAPTER; load them with --lora-modules, POST /admin/adapters or /v1/load_lora_adapter")
+	fl.IntVar(&f.maxLoras, "max-loras", server.LoRAOptions{}.WithDefaults().MaxLoras, "LoRA adapter slots: most adapters holding their weights (and so in one batch) at once; others load on demand, evicting the least recently used")
+	fl.IntVar(&f.maxLoRARank, "max-lora-rank", server.LoRAOptions{}.WithDefaults().MaxRank, "largest LoRA rank (r) an adapter may have")
+	fl.StringArrayVar(&f.loraModules, "lora-modules", nil, `LoRA adapters registered when the model loads: name=path, or {"name":…,"path":…,"revision":…}; repeat the flag for more (needs --enable-lora)`)
 	f.cache.add(fl)
 	f.s3 = addS3Flags(fl)
 	return cmd
@@ -100,6 +111,12 @@ func runEngine(ctx context.Context, f engineFlags) error {
 	}
 	ks, err := selectKernels(f.kernels)
 	if err != nil {
+		return err
+	}
+	if f.speculative, err = server.ParseSpeculativeConfig(f.speculativeConfig); err != nil {
+		return fmt.Errorf("--speculative-config: %w", err)
+	}
+	if f.lora, err = f.loraOptions(); err != nil {
 		return err
 	}
 	slog.Info("kernels", "set", ks.Name())
@@ -201,5 +218,24 @@ func (f engineFlags) engineOptions() server.EngineOptions {
 			LowerPriorityPrefill: f.lowerPriorityPrefill},
 		PrefixCaching: !f.noPrefixCaching,
 		ServedName:    f.servedName,
+		Speculative:   f.speculative,
+		LoRA:          f.lora,
 	}
+}
+
+// loraOptions checks and parses the LoRA flags.
+func (f engineFlags) loraOptions() (server.LoRAOptions, error) {
+	switch {
+	case !f.enableLoRA && len(f.loraModules) > 0:
+		return server.LoRAOptions{}, errors.New("--lora-modules needs --enable-lora")
+	case f.maxLoras < 1:
+		return server.LoRAOptions{}, fmt.Errorf("--max-loras must be positive, got %d", f.maxLoras)
+	case f.maxLoRARank < 1:
+		return server.LoRAOptions{}, fmt.Errorf("--max-lora-rank must be positive, got %d", f.maxLoRARank)
+	}
+	modules, err := server.ParseLoRAModules(f.loraModules)
+	if err != nil {
+		return server.LoRAOptions{}, err
+	}
+	return server.LoRAOptions{Enabled: f.enableLoRA, MaxLoras: f.maxLoras, MaxRank: f.maxLoRARank, Modules: modules}, nil
 }

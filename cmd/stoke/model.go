@@ -14,7 +14,7 @@ import (
 
 func newModelCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "model", Short: "Create and convert model checkpoints"}
-	cmd.AddCommand(newSynthCmd(), newQuantizeCmd())
+	cmd.AddCommand(newSynthCmd(), newSynthAdapterCmd(), newQuantizeCmd())
 	return cmd
 }
 
@@ -50,6 +50,45 @@ func newSynthCmd() *cobra.Command {
 	f.StringVar(&dt, "dtype", "f32", "weight dtype: f32, bf16 or fp8")
 	f.StringVar(&shardSize, "shard-size", "0", "largest shard, e.g. 512MiB (0 = one file)")
 	f.Uint64Var(&seed, "seed", 0, "random seed")
+	cmd.MarkFlagRequired("out")
+	return cmd
+}
+
+func newSynthAdapterCmd() *cobra.Command {
+	var (
+		base, out string
+		rank      int
+		modules   []string
+		seed      uint64
+	)
+	cmd := &cobra.Command{
+		Use:   "synth-adapter --base DIR --out DIR",
+		Short: "Write a PEFT LoRA adapter with random weights for a checkpoint",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if rank < 1 {
+				return fmt.Errorf("--rank must be positive, got %d", rank)
+			}
+			ck, err := checkpoint.Open(base)
+			if err != nil {
+				return fmt.Errorf("--base: %w", err)
+			}
+			cfg := ck.Config()
+			ck.Close()
+			if err := synth.WriteAdapter(out, cfg, synth.AdapterOptions{Rank: rank, TargetModules: modules, Seed: seed}); err != nil {
+				return err
+			}
+			slog.Info("wrote synthetic adapter", "dir", out, "base", base, "rank", rank)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&base, "base", "", "the checkpoint the adapter applies to")
+	f.StringVar(&out, "out", "", "directory to create")
+	f.IntVar(&rank, "rank", 8, "LoRA rank (r)")
+	f.StringSliceVar(&modules, "target-modules", []string{"q_proj", "v_proj"}, "projections it changes (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)")
+	f.Uint64Var(&seed, "seed", 0, "random seed")
+	cmd.MarkFlagRequired("base")
 	cmd.MarkFlagRequired("out")
 	return cmd
 }

@@ -62,6 +62,9 @@ type Sampled struct {
 	// PromptLogprobs[0] scores (at least 1: the first token has no
 	// position before it).
 	PromptFirst int
+	// Spec is the outcome of a work item with drafts (a DraftVerifier
+	// fills it; ID and Logprobs are then its first token's): nil for others.
+	Spec *Verified
 }
 
 // Params describe one generation request.
@@ -87,6 +90,13 @@ type Params struct {
 	// as a sampled token's are. The whole prompt is then computed: the
 	// prefix cache supplies none of it. It needs a PromptScorer executor.
 	PromptLogprobs bool
+	// DisableSpeculation keeps the request out of speculative decoding
+	// on an engine that speculates (Config.Spec): it then decodes one
+	// token per step.
+	DisableSpeculation bool
+	// Adapter names the LoRA adapter (registered in Config.Adapters) the
+	// request runs with; "" runs the base model.
+	Adapter string
 }
 
 // Config sets up an engine.
@@ -94,6 +104,11 @@ type Config struct {
 	Sched sched.Config
 	// EOS are the model's end-of-sequence ids.
 	EOS []int32
+	// Spec turns on speculative decoding; it needs a DraftVerifier.
+	Spec SpecConfig
+	// Adapters serves LoRA adapters (Params.Adapter) from its slots; nil
+	// turns LoRA off. It needs an AdapterBinder executor.
+	Adapters *AdapterPool
 }
 
 // ErrDraining is returned by Submit once Drain has begun.
@@ -107,6 +122,7 @@ type Engine struct {
 	exec    Executor
 	tok     *tokenizer.Tokenizer
 	metrics *Metrics
+	spec    *speculator // nil without speculative decoding
 
 	mu       sync.Mutex
 	inbox    []*request
@@ -117,6 +133,7 @@ type Engine struct {
 	inflight atomic.Int64 // submitted and not yet ended
 
 	live        map[string]*request // loop-owned
+	adapterWait []*request          // loop-owned: requests waiting for an adapter slot, in order
 	ran         atomic.Bool         // Run was called; it closes the executor when it returns
 	stats       atomic.Pointer[Stats]
 	steps       atomic.Uint64
@@ -138,6 +155,8 @@ type request struct {
 	// stream whole, once every token is scored, and promptSent is set.
 	prompt     []sample.Logprobs
 	promptSent bool
+	// lora is the request's hold on its adapter (nil: the base model).
+	lora *adapterUse
 }
 
 // Stats is a snapshot of the engine's load, updated after every step.
@@ -159,8 +178,17 @@ func New(cfg Config, kv *kvcache.Manager, exec Executor, tok *tokenizer.Tokenize
 	if err != nil {
 		return nil, err
 	}
+	if err := checkAdapterExecutor(cfg, exec); err != nil {
+		return nil, err
+	}
+	if cfg.Adapters != nil && metrics != nil {
+		metrics.lora.pool.Store(cfg.Adapters)
+	}
 	e := &Engine{cfg: cfg, kv: kv, sched: s, exec: exec, tok: tok, metrics: metrics,
 		wake: make(chan struct{}, 1), live: map[string]*request{}}
+	if e.spec, err = newSpeculator(cfg.Spec, cfg.Sched, exec, kv.NumBlocks()); err != nil {
+		return nil, err
+	}
 	e.publish()
 	return e, nil
 }
@@ -181,7 +209,11 @@ func (e *Engine) Submit(p Params) (*Stream, error) {
 	if err := p.Sampling.Validate(); err != nil {
 		return nil, err
 	}
-	r := &request{sreq: sreq, params: p, sampler: sample.New(p.Sampling), stream: newStream(id), arrived: time.Now()}
+	lora, err := e.useAdapter(p, sreq)
+	if err != nil {
+		return nil, err
+	}
+	r := &request{sreq: sreq, params: p, sampler: sample.New(p.Sampling), stream: newStream(id), arrived: time.Now(), lora: lora}
 	if !p.IgnoreEOS {
 		r.params.StopIDs = append(slices.Clone(p.StopIDs), e.cfg.EOS...)
 	}
@@ -192,6 +224,7 @@ func (e *Engine) Submit(p Params) (*Stream, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.draining {
+		e.dropAdapter(r)
 		return nil, ErrDraining
 	}
 	e.inbox = append(e.inbox, r)
@@ -226,7 +259,7 @@ func (e *Engine) Stats() Stats { return *e.stats.Load() }
 
 func (e *Engine) publish() {
 	q, h := e.kv.PrefixStats()
-	s := &Stats{Running: e.sched.NumRunning(), Waiting: e.sched.NumWaiting(), KVUsage: e.kv.Usage(),
+	s := &Stats{Running: e.sched.NumRunning(), Waiting: e.sched.NumWaiting() + len(e.adapterWait), KVUsage: e.kv.Usage(),
 		KVBlocks: e.kv.NumBlocks(), PrefixQueries: q, PrefixHits: h, Steps: e.steps.Load(), Preemptions: e.preemptions.Load()}
 	e.stats.Store(s)
 	if e.metrics != nil {
@@ -241,7 +274,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 	if e.ran.Swap(true) {
 		return errors.New("engine: Run called again; an engine runs once")
 	}
-	defer func() { err = errors.Join(err, e.closeExecutor()) }()
+	defer func() { err = errors.Join(err, e.closeExecutor(), e.spec.close()) }()
 	defer e.abortAll()
 	for {
 		e.admit()
@@ -256,6 +289,7 @@ func (e *Engine) Run(ctx context.Context) (err error) {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		e.propose()
 		step := e.sched.Schedule()
 		if len(step.Work) == 0 {
 			select { // nothing fits this step; wait for a change
@@ -286,8 +320,10 @@ func (e *Engine) admit() {
 	inbox, aborts := e.inbox, e.aborts
 	e.inbox, e.aborts = nil, nil
 	e.mu.Unlock()
-	for _, r := range inbox {
+	for _, r := range e.adapterReady(inbox) {
 		if err := e.sched.Add(r.sreq); err != nil {
+			delete(e.live, r.sreq.ID)
+			e.dropAdapter(r)
 			r.stream.finish("", FinishError, Usage{}, err)
 			e.inflight.Add(-1)
 			continue
@@ -338,6 +374,8 @@ func (e *Engine) runStep(ctx context.Context, step sched.Step) {
 			r.scored(out[i])
 		}
 		switch {
+		case w.Sample && out[i].Spec != nil:
+			e.emitVerified(r, w, out[i].Spec, now)
 		case w.Sample:
 			e.emit(r, out[i], now)
 		case r.sreq.MaxTokens == 0 && w.CompletesPrompt():
@@ -413,6 +451,7 @@ func (r *request) flush() string {
 func (e *Engine) end(r *request, reason, tail string, err error) {
 	e.sched.Finish(r.sreq.ID)
 	delete(e.live, r.sreq.ID)
+	e.dropAdapter(r)
 	if rel, ok := e.exec.(releaser); ok {
 		rel.Release(r.sreq)
 	}
@@ -431,6 +470,7 @@ func (e *Engine) abortAll() {
 	e.draining = true
 	e.mu.Unlock()
 	for _, r := range inbox {
+		e.dropAdapter(r)
 		r.stream.finish("", FinishAbort, Usage{}, ErrDraining)
 		e.inflight.Add(-1)
 	}

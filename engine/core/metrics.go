@@ -15,6 +15,8 @@ type Metrics struct {
 	ttft, itl, e2e            prometheus.Histogram
 	finished                  *prometheus.CounterVec
 	preemptions               prometheus.Counter
+	spec                      specMetrics
+	lora                      *loraCollector // the adapter pool's series, once an engine with one starts
 	lastQueries, lastHits     int64
 	lastPreemptions           uint64
 	collectors                []prometheus.Collector
@@ -56,7 +58,11 @@ func NewMetrics(reg prometheus.Registerer, modelName string) *Metrics {
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total",
 			Help: "Finished requests by reason.", ConstLabels: labels}, []string{"finished_reason"}),
 	}
+	m.spec = newSpecMetrics(labels)
+	m.lora = newLoRACollector(modelName)
 	m.collectors = append(collectors, m.finished)
+	m.collectors = append(m.collectors, m.spec.collectors()...)
+	m.collectors = append(m.collectors, m.lora)
 	reg.MustRegister(m.collectors...)
 	return m
 }
@@ -85,10 +91,16 @@ func (m *Metrics) observeStats(s *Stats) {
 
 func (m *Metrics) observeToken(r *request, now time.Time) {
 	m.genTokens.Inc()
+	if r.lora != nil {
+		r.lora.entry.tokens.Add(1)
+	}
 	if len(r.sreq.Output) == 1 {
 		m.ttft.Observe(now.Sub(r.arrived).Seconds())
 		m.promptTokens.Add(float64(len(r.sreq.Prompt)))
 		return
+	}
+	if now.Equal(r.lastTok) {
+		return // a later token of the same step (speculative decoding): no gap
 	}
 	m.itl.Observe(now.Sub(r.lastTok).Seconds())
 }

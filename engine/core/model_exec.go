@@ -27,10 +27,15 @@ type ModelExecutor struct {
 	// it is for; scorer computes the scored rows' logprobs.
 	uses   []rowUse
 	scorer sample.Scorer
+	// spec verifies the drafts of work items that carry them.
+	spec verifier
+	// adapters are the LoRA adapters bound to requests (BindAdapter).
+	adapters map[*sched.Request]*model.Adapter
 }
 
 // rowUse is what one logit row of a step is for: sampling work item
-// work's next token (target < 0), or scoring prompt token target of it.
+// work's next token (target < 0; row -1-target of its rows when it has
+// drafts), or scoring prompt token target of it.
 type rowUse struct {
 	work   int
 	target int
@@ -61,34 +66,37 @@ func (x *ModelExecutor) Execute(ctx context.Context, step sched.Step, samplers [
 	scoring := false
 	for i, w := range step.Work {
 		b.BlockTables = append(b.BlockTables, w.Table)
-		tokens := w.Req.Tokens()
 		for p := w.Start; p < w.Start+w.Count; p++ {
-			b.Tokens = append(b.Tokens, tokens[p])
+			b.Tokens = append(b.Tokens, w.Token(p))
 			b.Positions = append(b.Positions, int32(p))
 			b.Seqs = append(b.Seqs, int32(i))
 		}
 		if w.Sample {
-			b.LogitRows = append(b.LogitRows, len(b.Tokens)-1)
+			for j := len(w.Drafts); j >= 0; j-- { // every draft's position, then the last
+				b.LogitRows = append(b.LogitRows, len(b.Tokens)-1-j)
+			}
 			x.rows = append(x.rows, i)
 		}
 		scoring = scoring || scoresIn(w) > 0
 	}
+	b.Adapters = x.stepAdapters(step, b.Adapters)
 	if scoring {
 		return x.executeScoring(step, samplers)
 	}
 	vocab := x.model.Config().VocabSize
-	if need := len(x.rows) * vocab; cap(x.logits) < need {
+	if need := len(b.LogitRows) * vocab; cap(x.logits) < need {
 		x.logits = make([]float32, need)
 	}
-	logits := x.logits[:len(x.rows)*vocab]
+	logits := x.logits[:len(b.LogitRows)*vocab]
 	if err := x.model.Forward(b, x.kv, logits); err != nil {
 		return nil, err
 	}
 	out := make([]Sampled, len(step.Work))
-	for j, i := range x.rows {
-		w := step.Work[i]
-		id, lp := samplers[i].Sample(logits[j*vocab:(j+1)*vocab], w.Req.Prompt, w.Req.Output)
-		out[i] = Sampled{ID: id, Logprobs: lp}
+	row := 0
+	for _, i := range x.rows {
+		n := 1 + len(step.Work[i].Drafts)
+		out[i] = x.spec.sample(step.Work[i], samplers[i], logits[row*vocab:(row+n)*vocab], vocab)
+		row += n
 	}
 	return out, nil
 }
@@ -112,7 +120,9 @@ func (x *ModelExecutor) executeScoring(step sched.Step, samplers []*sample.Sampl
 	out := make([]Sampled, len(step.Work))
 	x.uses = x.uses[:0]
 	for _, i := range x.rows {
-		x.uses = append(x.uses, rowUse{work: i, target: -1})
+		for j := range 1 + len(step.Work[i].Drafts) {
+			x.uses = append(x.uses, rowUse{work: i, target: -1 - j})
+		}
 	}
 	first := 0 // the batch index of the work item's first token
 	for i, w := range step.Work {
@@ -133,8 +143,7 @@ func (x *ModelExecutor) executeScoring(step sched.Step, samplers []*sample.Sampl
 			use := x.uses[firstRow+j]
 			w := step.Work[use.work]
 			if use.target < 0 {
-				id, lp := samplers[use.work].Sample(row, w.Req.Prompt, w.Req.Output)
-				out[use.work].ID, out[use.work].Logprobs = id, lp
+				x.spec.sampleRow(&out[use.work], w, samplers[use.work], -1-use.target, row)
 				continue
 			}
 			lp := x.scorer.Score(row, w.Req.Prompt[use.target], w.Req.PromptTopLogprobs)

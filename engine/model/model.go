@@ -23,6 +23,8 @@ type Model struct {
 	attn    attentionPlan
 	// scratch recycles the attention jobs' working memory.
 	scratch sync.Pool
+	// lora groups each forward call's tokens by LoRA adapter.
+	lora loraPlan
 }
 
 // New checks src against cfg and builds a model over its tensors. The model
@@ -62,6 +64,10 @@ type Batch struct {
 	// LogitRows lists the tokens (indices into Tokens) whose next-token
 	// logits Forward returns, in that order.
 	LogitRows []int
+	// Adapters, when not empty, gives each sequence (aligned with
+	// BlockTables) the LoRA adapter applied to its tokens; nil runs the
+	// base model.
+	Adapters []*Adapter
 }
 
 func (b *Batch) validate(c *Config) error {
@@ -87,7 +93,7 @@ func (b *Batch) validate(c *Config) error {
 			return fmt.Errorf("batch: logit row %d is outside the batch (%d tokens)", r, n)
 		}
 	}
-	return nil
+	return b.validateAdapters(c)
 }
 
 // buffers are the activations of one forward call, grown on demand.
@@ -193,6 +199,7 @@ func (m *Model) forwardHidden(b *Batch, kv *kvcache.Cache) error {
 	}
 	m.ropeTables(b.Positions, buf.rope)
 	m.attn.plan(c, b)
+	m.lora.plan(b)
 	for l := range m.w.Layers {
 		m.layer(l, b, kv)
 	}
@@ -225,6 +232,9 @@ func (m *Model) layer(l int, b *Batch, kv *kvcache.Cache) {
 	m.pool.MatMul(buf.q, h, n, w.Q)
 	m.pool.MatMul(buf.k, h, n, w.K)
 	m.pool.MatMul(buf.v, h, n, w.V)
+	if len(m.lora.groups) > 0 {
+		m.addLoRA(l, stageQKV, h, buf.q, buf.k, buf.v)
+	}
 	m.applyRope(n)
 	tokSize := c.NumKVHeads * c.HeadDim
 	for i := range n {
@@ -235,6 +245,9 @@ func (m *Model) layer(l int, b *Batch, kv *kvcache.Cache) {
 	}
 	m.attention(l, b, kv)
 	m.pool.MatMul(h, buf.att, n, w.O)
+	if len(m.lora.groups) > 0 {
+		m.addLoRA(l, stageO, buf.att, h)
+	}
 	m.pool.AXPY(buf.x[:n*d], 1, h)
 
 	for i := range n {
@@ -242,8 +255,14 @@ func (m *Model) layer(l int, b *Batch, kv *kvcache.Cache) {
 	}
 	m.pool.MatMul(buf.gate, h, n, w.Gate)
 	m.pool.MatMul(buf.up, h, n, w.Up)
+	if len(m.lora.groups) > 0 {
+		m.addLoRA(l, stageGateUp, h, buf.gate, buf.up)
+	}
 	m.pool.SiLUMul(buf.gate, buf.up)
 	m.pool.MatMul(h, buf.gate, n, w.Down)
+	if len(m.lora.groups) > 0 {
+		m.addLoRA(l, stageDown, buf.gate, h)
+	}
 	m.pool.AXPY(buf.x[:n*d], 1, h)
 }
 

@@ -155,16 +155,22 @@ func (s *Sampler) Sample(logits []float32, prompt, output []int32) (int32, *Logp
 	s.penalize(logits, prompt, output)
 	id := s.pick(logits)
 	if lp != nil {
-		raw := logits[id]
-		for i, t := range s.touched {
-			if t == id {
-				raw = s.orig[i]
-				break
-			}
-		}
-		lp.Chosen = TokenLogprob{ID: id, Logprob: float32(float64(raw) - lse)}
+		lp.Chosen = s.chosen(logits, id, lse)
 	}
 	return id, lp
+}
+
+// chosen is the raw logprob of token id, whose logit in logits the
+// penalties may have rewritten, given the raw logits' log-sum-exp.
+func (s *Sampler) chosen(logits []float32, id int32, lse float64) TokenLogprob {
+	raw := logits[id]
+	for i, t := range s.touched {
+		if t == id {
+			raw = s.orig[i]
+			break
+		}
+	}
+	return TokenLogprob{ID: id, Logprob: float32(float64(raw) - lse)}
 }
 
 // rawLogprobs returns the top alternatives of the unmodified logits and
@@ -333,21 +339,48 @@ const minTemperature = 1e-5
 
 // pick chooses a token from the penalised logits.
 func (s *Sampler) pick(logits []float32) int32 {
+	c, z, best, random := s.candidates(logits)
+	if !random {
+		return best
+	}
+	return s.draw(c, z, best)
+}
+
+// draw picks one of the weighted candidates c (total weight z) at random;
+// best is the answer when rounding leaves the draw past the last weight.
+func (s *Sampler) draw(c []cand, z float64, best int32) int32 {
+	r := s.rng.Float64() * z
+	for _, x := range c {
+		r -= float64(x.key)
+		if r < 0 {
+			return x.id
+		}
+	}
+	return best // rounding left r at or above the last weight
+}
+
+// candidates is the distribution pick draws from, the penalised logits
+// given: the tokens c it may draw, each with its weight (its probability
+// times z). When random is false the pick is decided without a draw (greedy,
+// top-k 1, no finite logit) and it is best, the most likely token, whatever
+// c holds. The candidates live in a buffer of the Sampler that the next
+// call reuses.
+func (s *Sampler) candidates(logits []float32) (c []cand, z float64, best int32, random bool) {
 	t := s.p.Temperature
 	if !(t >= minTemperature) || math.IsInf(t, 0) {
-		return Argmax(logits)
+		return nil, 0, Argmax(logits), false
 	}
-	best := Argmax(logits)
+	best = Argmax(logits)
 	m := float64(logits[best])
 	if math.IsInf(m, 0) || math.IsNaN(m) {
-		return best
+		return nil, 0, best, false
 	}
 	k := s.p.TopK
 	if k < 0 || k >= len(logits) {
 		k = 0
 	}
 	if k == 1 {
-		return best
+		return nil, 0, best, false
 	}
 	thr := m + tailLog*t
 	if mp := s.p.MinP; mp > 0 {
@@ -364,8 +397,6 @@ func (s *Sampler) pick(logits []float32) int32 {
 	if float64(floor) >= thr {
 		floor = math.Nextafter32(floor, float32(math.Inf(-1)))
 	}
-	var c []cand
-	var z float64
 	sorted := false
 	if k > 0 {
 		c = topK(s.cands[:0], logits, k, floor)
@@ -384,14 +415,7 @@ func (s *Sampler) pick(logits []float32) int32 {
 			c, z = nucleus(c, s.hist, &s.edge, z, topP*z)
 		}
 	}
-	r := s.rng.Float64() * z
-	for _, x := range c {
-		r -= float64(x.key)
-		if r < 0 {
-			return x.id
-		}
-	}
-	return best // rounding left r at or above the last weight
+	return c, z, best, true
 }
 
 // gather appends every token whose logit is above floor with its weight

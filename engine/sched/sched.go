@@ -63,6 +63,13 @@ type Request struct {
 	// PromptTopLogprobs is how many most likely alternatives the executor
 	// reports with each prompt token's logprob when ScorePrompt is set.
 	PromptTopLogprobs int
+	// Drafts are tokens a speculative proposer guesses follow the request's
+	// tokens, set by the engine before Schedule. A decoding request's next
+	// work item carries as many of them as the step's token budget,
+	// MaxTokens and the context leave room for (Work.Drafts), to be
+	// verified in one forward pass; Schedule clears the field. They are
+	// guesses only: nothing of them reaches Output unless Accept records it.
+	Drafts []int32
 
 	// Output holds the generated tokens.
 	Output []int32
@@ -115,6 +122,25 @@ type Work struct {
 	// and the request has tokens left to generate, so the engine samples
 	// the next one from its logits.
 	Sample bool
+	// Drafts, when not empty, are speculative tokens after the request's
+	// last known token, which is then the work's only known one: Start is
+	// len(Tokens())-1 and Count is 1+len(Drafts), and the positions after
+	// Start hold the drafts (Token). The engine verifies them from the
+	// logits of all Count positions and records the tokens it keeps with
+	// Accept, not Commit. Their KV blocks are allocated, but no block is
+	// registered in the prefix cache under a draft: a rejected draft's keys
+	// and values are overwritten when the position is computed again.
+	Drafts []int32
+}
+
+// Token is the token at position p of the work: the request's own, or a
+// draft past its last known token.
+func (w Work) Token(p int) int32 {
+	tokens := w.Req.tokens
+	if p < len(tokens) {
+		return tokens[p]
+	}
+	return w.Drafts[p-len(tokens)]
 }
 
 // CompletesPrompt reports whether the work computes its request's last
@@ -206,18 +232,37 @@ func (s *Scheduler) NumRunning() int { return len(s.running) }
 // NumWaiting is the number of queued requests, preempted ones included.
 func (s *Scheduler) NumWaiting() int { return s.waiting.Len() }
 
+// Running returns the requests holding KV blocks, for the engine to pick
+// the decoding ones it proposes drafts for. The slice belongs to the
+// scheduler: read it before the next Schedule, Commit, Accept or Finish.
+func (s *Scheduler) Running() []*Request { return s.running }
+
+// Decoding reports whether r's next work is a decode: every token but its
+// last is computed, so a step computes one position (plus any drafts).
+func (r *Request) Decoding() bool {
+	return r.state == Running && len(r.tokens)-r.NumComputed == 1
+}
+
 // Lookup returns a tracked request.
 func (s *Scheduler) Lookup(id string) (*Request, bool) {
 	r, ok := s.byID[id]
 	return r, ok
 }
 
-// Schedule picks the next step's work. Decoding requests go first, then
-// running requests still in (chunked) prefill, then waiting requests by
-// priority and arrival, each taking what is left of the token budget. When
-// a running request needs a block and none is free, the lowest-priority,
-// newest running request is preempted; no new request is admitted in a
-// step that preempted.
+// Schedule picks the next step's work. Decoding requests go first (with
+// their Drafts, as far as the budget, MaxTokens and the context allow),
+// then running requests still in (chunked) prefill, then waiting requests
+// by priority and arrival, each taking what is left of the token budget.
+// When a running request needs a block and none is free, the
+// lowest-priority, newest running request is preempted (drafts never cause
+// a preemption: without room for them a request decodes one token); no new
+// request is admitted in a step that preempted.
+//
+// A running request's blocks are registered in the prefix cache once
+// Commit or Accept has recorded their positions computed, never at
+// allocation: a request preempted later in the same step could otherwise
+// leave a registered block whose keys and values were never computed (or,
+// after a rejected draft, computed for another token).
 func (s *Scheduler) Schedule() Step {
 	var step Step
 	budget := s.cfg.MaxNumBatchedTokens
@@ -242,31 +287,47 @@ func (s *Scheduler) Schedule() Step {
 		if r.state != Running {
 			continue // preempted earlier in this step
 		}
-		n := lower.cap(r, min(len(r.tokens)-r.NumComputed, budget))
+		var drafts []int32
+		var n int
+		if r.Decoding() {
+			drafts = r.draftsWithin(budget-1, s.cfg.MaxModelLen)
+			n = 1 + len(drafts) // a decode is never capped
+		} else {
+			n = lower.cap(r, min(len(r.tokens)-r.NumComputed, budget))
+		}
+		r.Drafts = nil
 		if n == 0 {
 			continue // a lower-priority prefill waits for a step with room for it
 		}
-		for !s.kv.Allocate(r.seq, r.tokens, r.NumComputed+n, nil, r.CacheSalt) {
+		computed := r.tokens[:r.NumComputed] // what may be registered now
+		ok := s.kv.Allocate(r.seq, computed, r.NumComputed+n, nil, r.CacheSalt)
+		if !ok && len(drafts) > 0 {
+			drafts, n = nil, 1
+			ok = s.kv.Allocate(r.seq, computed, r.NumComputed+n, nil, r.CacheSalt)
+		}
+		for !ok {
 			victim := s.victim()
-			if i, ok := scheduled[victim]; ok {
+			if i, was := scheduled[victim]; was {
 				budget += step.Work[i].Count
 				step.NumTokens -= step.Work[i].Count
-				step.Work[i].Count = 0
+				step.Work[i].Count, step.Work[i].Drafts = 0, nil
 			}
 			s.preempt(victim)
 			step.Preempted = append(step.Preempted, victim)
 			if victim == r {
 				break
 			}
+			ok = s.kv.Allocate(r.seq, computed, r.NumComputed+n, nil, r.CacheSalt)
 		}
 		if r.state != Running {
 			continue
 		}
 		scheduled[r] = len(step.Work)
-		step.Work = append(step.Work, Work{Req: r, Start: r.NumComputed, Count: n, Table: s.kv.Table(r.seq), Sample: r.samples(r.NumComputed + n)})
+		step.Work = append(step.Work, Work{Req: r, Start: r.NumComputed, Count: n, Table: s.kv.Table(r.seq),
+			Sample: r.samples(r.NumComputed + n - len(drafts)), Drafts: drafts})
 		step.NumTokens += n
 		budget -= n
-		lower.take(r, n)
+		lower.take(r, n-len(drafts))
 	}
 	if len(step.Preempted) > 0 {
 		step.Work = dropEmpty(step.Work)
@@ -295,6 +356,17 @@ func (s *Scheduler) Schedule() Step {
 		lower.take(r, n)
 	}
 	return step
+}
+
+// draftsWithin is how many of r's Drafts a decode step may verify: at most
+// budget, and never so many that the step could pass MaxTokens (it emits up
+// to one token more than it accepts) or the context of maxModelLen.
+func (r *Request) draftsWithin(budget, maxModelLen int) []int32 {
+	k := min(len(r.Drafts), budget, r.MaxTokens-len(r.Output)-1, maxModelLen-len(r.tokens))
+	if k <= 0 {
+		return nil
+	}
+	return r.Drafts[:k]
 }
 
 // samples reports whether computing r's tokens up to computed reaches its
@@ -372,7 +444,7 @@ func (s *Scheduler) victim() *Request {
 func (s *Scheduler) preempt(r *Request) {
 	s.kv.Free(r.seq)
 	s.removeRunning(r)
-	r.state, r.NumComputed = Waiting, 0
+	r.state, r.NumComputed, r.Drafts = Waiting, 0, nil
 	r.Preemptions++
 	heap.Push(&s.waiting, r)
 }
@@ -388,11 +460,13 @@ func (s *Scheduler) removeRunning(r *Request) {
 
 // Commit records a computed step: sampled holds, in step.Work order, the
 // token sampled for each work item with Sample set (other entries are
-// ignored). Requests finished since Schedule are skipped.
+// ignored). Requests finished since Schedule are skipped, and so are work
+// items with drafts, whose tokens Accept records one at a time. The blocks
+// the step filled are registered in the prefix cache.
 func (s *Scheduler) Commit(step Step, sampled []int32) {
 	for i, w := range step.Work {
 		r := w.Req
-		if r.state != Running {
+		if r.state != Running || len(w.Drafts) > 0 {
 			continue
 		}
 		r.NumComputed = w.Start + w.Count
@@ -400,7 +474,49 @@ func (s *Scheduler) Commit(step Step, sampled []int32) {
 			r.tokens = append(r.tokens, sampled[i])
 			r.Output = r.tokens[len(r.Prompt):]
 		}
+		s.register(r)
 	}
+}
+
+// Accept records the next token of a computed work item with drafts, after
+// Commit: the engine calls it for each token it emits, in order, the
+// accepted drafts first and then the token the model chose after them (a
+// replacement for the first rejected draft, or one after them all), and
+// stops early when the request ends (a stop token or string), so that
+// nothing after the stop is ever recorded. Each call makes every token of
+// the request but the last computed: the positions verified with accepted
+// drafts hold their keys and values, and a rejected draft's position is
+// computed again, for its replacement, by the next step. It refuses a
+// token that does not fit: more than len(w.Drafts)+1 of them, one after a
+// token that differs from its draft, past MaxTokens, or for a request that
+// is not running.
+func (s *Scheduler) Accept(w Work, id int32) error {
+	r := w.Req
+	n := len(r.tokens) - (w.Start + 1) // tokens already recorded for w
+	switch {
+	case r.state != Running:
+		return fmt.Errorf("accept token %d for %s: the request is %s", id, r.ID, r.state)
+	case len(w.Drafts) == 0:
+		return fmt.Errorf("accept token %d for %s: the work item has no drafts (Commit records its token)", id, r.ID)
+	case n < 0 || n > len(w.Drafts):
+		return fmt.Errorf("accept token %d for %s: a work item with %d drafts yields at most %d tokens", id, r.ID, len(w.Drafts), len(w.Drafts)+1)
+	case n > 0 && r.tokens[w.Start+n] != w.Drafts[n-1]:
+		return fmt.Errorf("accept token %d for %s: token %d replaced draft %d, so nothing follows it", id, r.ID, r.tokens[w.Start+n], w.Drafts[n-1])
+	case len(r.Output) >= r.MaxTokens:
+		return fmt.Errorf("accept token %d for %s: max_tokens (%d) reached", id, r.ID, r.MaxTokens)
+	}
+	r.tokens = append(r.tokens, id)
+	r.Output = r.tokens[len(r.Prompt):]
+	r.NumComputed = len(r.tokens) - 1
+	r.Drafts = nil
+	s.register(r)
+	return nil
+}
+
+// register records r's blocks that its computed tokens fill in the prefix
+// cache; its table already covers them.
+func (s *Scheduler) register(r *Request) {
+	s.kv.Allocate(r.seq, r.tokens, r.NumComputed, nil, r.CacheSalt)
 }
 
 // Finish ends a request, finished or cancelled, and frees its KV blocks at

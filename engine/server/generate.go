@@ -124,6 +124,7 @@ func (s *Server) completions(c *gin.Context) {
 	}
 	params, e := buildParams(l, &req.GenerationParams, prompt, genSpec{promptParam: "prompt", maxTokens: req.MaxTokens,
 		maxParam: "max_tokens", defaultMax: 16, logprobs: logprobs, logprobsParam: "logprobs", kvTokens: kvTokens(eng), echo: req.Echo})
+	params.Adapter = adapterOf(l, req.Model)
 	if e == nil {
 		e = headerPriority(c, &params)
 	}
@@ -131,7 +132,7 @@ func (s *Server) completions(c *gin.Context) {
 		writeError(c, e)
 		return
 	}
-	f := &completionFormat{head: newHead("cmpl-", l, logprobs)}
+	f := &completionFormat{head: newHead("cmpl-", l, logprobs).as(l, req.Model)}
 	if req.Echo {
 		// The prompt's logprobs come from the engine, scored as it
 		// computes the prompt.
@@ -175,6 +176,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 	maxTokens, maxParam := req.MaxNewTokens()
 	params, e := buildParams(l, &req.GenerationParams, prompt, genSpec{promptParam: "messages", maxTokens: maxTokens,
 		maxParam: maxParam, logprobs: logprobs, logprobsParam: "top_logprobs", kvTokens: kvTokens(eng)})
+	params.Adapter = adapterOf(l, req.Model)
 	if e == nil {
 		e = headerPriority(c, &params)
 	}
@@ -183,7 +185,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		return
 	}
 	s.generate(c, &job{engine: eng, params: params, stream: req.Stream, includeUsage: req.IncludeUsage(),
-		format: &chatFormat{head: newHead("chatcmpl-", l, logprobs)}})
+		format: &chatFormat{head: newHead("chatcmpl-", l, logprobs).as(l, req.Model)}})
 }
 
 // headerPriority applies the priority the platform's activator set in
@@ -243,6 +245,7 @@ func encodeText(l *Loaded, text string, addSpecial bool, param string) ([]int32,
 // generate submits a job and answers with a stream or a whole response.
 // A client that goes away aborts the request so its KV blocks are freed.
 func (s *Server) generate(c *gin.Context, j *job) {
+	applyExtensions(c, &j.params)
 	st, err := j.engine.Submit(j.params)
 	if err != nil {
 		writeError(c, submitError(err))

@@ -20,6 +20,11 @@ type EngineOptions struct {
 	PrefixCaching bool
 	// ServedName is the model's name in the API; "" lets the loader choose.
 	ServedName string
+	// Speculative turns on speculative decoding (--speculative-config);
+	// nil leaves it off. The sim engine never speculates.
+	Speculative *SpeculativeConfig
+	// LoRA serves LoRA adapters over the model (--enable-lora).
+	LoRA LoRAOptions
 }
 
 // SchedFor returns the scheduler config for a model whose context is
@@ -73,6 +78,11 @@ func SimLoader(o EngineOptions, defaultProfile string) Loader {
 			served = p.Model
 		}
 		blocks := p.KVCapacityTokens / kvcache.BlockSize
+		adapters, err := o.AdapterPool(simAdapterLoader(o.LoRA.WithDefaults().MaxRank))
+		if err != nil {
+			return nil, err
+		}
+		ec.Adapters = adapters
 		return &Loaded{
 			Name:        served,
 			Tokenizer:   tok,
@@ -80,7 +90,13 @@ func SimLoader(o EngineOptions, defaultProfile string) Loader {
 			Start: func(metrics *core.Metrics) (*core.Engine, error) {
 				return core.New(ec, kvcache.NewManager(blocks, o.PrefixCaching), core.NewSimExecutor(p, tok, nil), tok, metrics)
 			},
-			Close: func() error { return nil },
+			Adapters: adapters,
+			Close: func() error {
+				if adapters != nil {
+					adapters.Close()
+				}
+				return nil
+			},
 		}, nil
 	}
 }

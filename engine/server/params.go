@@ -74,7 +74,7 @@ func checkPromptSize(l *Loaded, req any) *openai.Error {
 // checkModel refuses a request naming another model than the one served;
 // an empty name means the served one.
 func checkModel(l *Loaded, name string) *openai.Error {
-	if name != "" && name != l.Name {
+	if _, ok := l.requestAdapter(name); !ok {
 		return openai.ModelNotFound(name)
 	}
 	return nil
@@ -221,6 +221,8 @@ func submitError(err error) *openai.Error {
 		return openai.InvalidRequest(fe.Field, "%s", fe.Error())
 	case errors.Is(err, sched.ErrTooLong):
 		return openai.InvalidRequest("max_tokens", "%v", err)
+	case errors.Is(err, core.ErrUnknownAdapter):
+		return unknownAdapter(err) // unloaded since the request was admitted
 	}
 	return openai.ServerError("submit request: %v", err)
 }

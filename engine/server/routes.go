@@ -54,6 +54,7 @@ func (s *Server) routes() http.Handler {
 	r.POST("/admin/sleep", s.adminOp(s.Sleep))
 	r.POST("/admin/wake", s.adminOp(s.Wake))
 	r.POST("/admin/unload", s.adminOp(s.Unload))
+	s.adapterRoutes(r)
 	return r
 }
 
@@ -143,7 +144,7 @@ func (s *Server) models(c *gin.Context) {
 		return
 	}
 	defer s.release()
-	writeJSON(c, http.StatusOK, openai.ModelList{Object: openai.ObjectList, Data: []openai.Model{modelObject(l)}})
+	writeJSON(c, http.StatusOK, openai.ModelList{Object: openai.ObjectList, Data: append([]openai.Model{modelObject(l)}, adapterModels(l)...)})
 }
 
 // retrieveModel serves GET /v1/models/{id}: the loaded model when id names it
@@ -161,6 +162,10 @@ func (s *Server) retrieveModel(c *gin.Context) {
 	}
 	defer s.release()
 	if id != l.Name {
+		if m, ok := adapterModel(l, id); ok {
+			writeJSON(c, http.StatusOK, m)
+			return
+		}
 		writeError(c, openai.ModelNotFound(id))
 		return
 	}

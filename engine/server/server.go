@@ -44,6 +44,9 @@ type Loaded struct {
 	Start func(metrics *core.Metrics) (*core.Engine, error)
 	// Close releases the weights.
 	Close func() error
+	// Adapters are the LoRA adapters served over the model; nil when
+	// LoRA is off. Close closes it.
+	Adapters *core.AdapterPool
 }
 
 // Loader turns a LoadRequest into a Loaded model, reporting progress
@@ -147,6 +150,9 @@ func (s *Server) Load(ctx context.Context, req engineapi.LoadRequest) error {
 	}
 	if err == nil {
 		err = checkLoaded(l)
+		if err == nil {
+			err = preloadAdapters(ctx, l)
+		}
 		if err != nil {
 			s.closeModel(l)
 		}
@@ -466,7 +472,7 @@ func (s *Server) admit(c *gin.Context, req any, model *string) (l *Loaded, eng *
 		writeError(c, e)
 		return nil, nil, false
 	}
-	if e = s.decodeBody(c, req); e == nil {
+	if e = s.decodeRequest(c, req); e == nil {
 		e = checkModel(l, *model)
 	}
 	if e == nil {

@@ -180,18 +180,35 @@ func (o Options) serve(name string, ck *checkpoint.Checkpoint, parsed func() (*t
 		closeAll()
 		return nil, err
 	}
+	spec, releaseDraft, err := o.speculation(m, pool)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	if releaseDraft != nil {
+		closeTarget := closeAll
+		closeAll = func() error { return errors.Join(releaseDraft(), closeTarget()) }
+	}
 	cfg := m.Config()
 	blocks := kvcache.BlocksForBudget(m.KVShape(), o.KVCacheBytes)
 	if blocks < 1 {
 		closeAll()
 		return nil, fmt.Errorf("a KV cache of %d bytes holds no block of %s (%d bytes each)", o.KVCacheBytes, name, m.KVShape().BytesPerBlock())
 	}
-	ec := core.Config{Sched: o.Engine.SchedFor(cfg.MaxPositionEmbeddings)}
+	ec := core.Config{Sched: o.Engine.SchedFor(cfg.MaxPositionEmbeddings), Spec: spec}
 	for _, id := range cfg.EOSTokenID {
 		ec.EOS = append(ec.EOS, int32(id))
 	}
 	if tok != nil {
 		ec.EOS = append(ec.EOS, tok.EOS()...)
+	}
+	if ec.Adapters, err = o.Engine.AdapterPool(o.adapterLoader(cfg)); err != nil {
+		closeAll()
+		return nil, err
+	}
+	if ec.Adapters != nil {
+		closeModel, adapters := closeAll, ec.Adapters
+		closeAll = func() error { adapters.Close(); return closeModel() }
 	}
 	return &server.Loaded{
 		Name:        name,
@@ -208,6 +225,7 @@ func (o Options) serve(name string, ck *checkpoint.Checkpoint, parsed func() (*t
 			}
 			return e, err
 		},
-		Close: closeAll,
+		Close:    closeAll,
+		Adapters: ec.Adapters,
 	}, nil
 }
