@@ -13,7 +13,6 @@ import (
 	"strings"
 
 	"github.com/stokehq/stoke/engine/kernels"
-	"github.com/stokehq/stoke/engine/kvcache"
 	"github.com/stokehq/stoke/internal/dtype"
 )
 
@@ -793,37 +792,4 @@ func (m *Model) addGroupLoRA(g *loraGroup, l, stage int, in []float32, outs [][]
 			m.pool.AddWeightedRows(out[run.row*part.n:], part.n, g.t[run.j*stacked+part.off:], stacked, run.n, part.bt, part.n, part.r, part.n)
 		}
 	}
-}
-
-// ScoreAdapter is Score with adapter a applied to the sequence (nil: the
-// base model): the next-token logits after every position.
-func (m *Model) ScoreAdapter(a *Adapter, tokens []int32) ([]float32, error) {
-	kv, err := kvcache.New(m.KVShape(), max(1, (len(tokens)+kvcache.BlockSize-1)/kvcache.BlockSize))
-	if err != nil {
-		return nil, err
-	}
-	defer kv.Free()
-	mgr := kvcache.NewManager(kv.NumBlocks(), false)
-	if !mgr.Allocate(0, tokens, len(tokens), nil, "") {
-		return nil, fmt.Errorf("score %d tokens: kv cache of %d blocks is too small", len(tokens), kv.NumBlocks())
-	}
-	b := &Batch{
-		Tokens:      tokens,
-		Positions:   make([]int32, len(tokens)),
-		Seqs:        make([]int32, len(tokens)),
-		BlockTables: [][]int32{mgr.Table(0)},
-		LogitRows:   make([]int, len(tokens)),
-	}
-	if a != nil {
-		b.Adapters = []*Adapter{a}
-	}
-	for i := range tokens {
-		b.Positions[i] = int32(i)
-		b.LogitRows[i] = i
-	}
-	logits := make([]float32, len(tokens)*m.cfg.VocabSize)
-	if err := m.Forward(b, kv, logits); err != nil {
-		return nil, err
-	}
-	return logits, nil
 }

@@ -10,7 +10,11 @@ import (
 // KV cache of its own and returns the next-token logits after every
 // position (len(tokens) × vocab_size): teacher-forced evaluation, as for
 // prompt log-probabilities or comparing two checkpoints of one model.
-func (m *Model) Score(tokens []int32) ([]float32, error) {
+func (m *Model) Score(tokens []int32) ([]float32, error) { return m.ScoreAdapter(nil, tokens) }
+
+// ScoreAdapter is Score with adapter a applied to the sequence (nil: the
+// base model).
+func (m *Model) ScoreAdapter(a *Adapter, tokens []int32) ([]float32, error) {
 	kv, err := kvcache.New(m.KVShape(), max(1, (len(tokens)+kvcache.BlockSize-1)/kvcache.BlockSize))
 	if err != nil {
 		return nil, err
@@ -26,6 +30,9 @@ func (m *Model) Score(tokens []int32) ([]float32, error) {
 		Seqs:        make([]int32, len(tokens)),
 		BlockTables: [][]int32{mgr.Table(0)},
 		LogitRows:   make([]int, len(tokens)),
+	}
+	if a != nil {
+		b.Adapters = []*Adapter{a}
 	}
 	for i := range tokens {
 		b.Positions[i] = int32(i)
