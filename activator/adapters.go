@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
 
 	"golang.org/x/sync/singleflight"
@@ -140,8 +142,8 @@ func (g *adapterRegistry) forget(replica string) {
 	g.mu.Unlock()
 }
 
-// ensure registers ad with the engine of replica at addr unless it was
-// already. A refusal by the engine (a 4xx: the adapter does not fit the
+// ensureAdapter registers ad with the engine of replica at addr unless it
+// was already. A refusal by the engine (a 4xx: the adapter does not fit the
 // base, its files are bad) comes back as an *openai.Error for the client;
 // any other failure is the replica's.
 func (a *Activator) ensureAdapter(ctx context.Context, r *route, replica, addr string, ad engineapi.LoadAdapterRequest) error {
@@ -154,7 +156,21 @@ func (a *Activator) ensureAdapter(ctx context.Context, r *route, replica, addr s
 	}
 	key := replica + "\x00" + ad.Name + "\x00" + ad.Path + "\x00" + ad.Revision
 	_, err, _ := g.calls.Do(key, func() (any, error) {
-		if err := a.registerAdapter(ctx, addr, ad); err != nil {
+		err := a.registerAdapter(ctx, addr, ad)
+		if errors.Is(err, errAdapterTaken) {
+			// The engine holds another revision under the name: swap it
+			// once no request uses it, and serve the one it has until then
+			// (a later request tries again).
+			switch uerr := a.unregisterAdapter(ctx, addr, ad.Name); {
+			case uerr == nil:
+				err = a.registerAdapter(ctx, addr, ad)
+			case errors.Is(uerr, errAdapterTaken):
+				return nil, nil
+			default:
+				err = uerr
+			}
+		}
+		if err != nil {
 			return nil, err
 		}
 		g.mu.Lock()
@@ -171,27 +187,52 @@ func (a *Activator) ensureAdapter(ctx context.Context, r *route, replica, addr s
 	return err
 }
 
+// errAdapterTaken is an engine's 409 for an adapter: the name holds
+// another revision (a registration), or requests use it (an unload).
+var errAdapterTaken = errors.New("the engine's adapter of that name is taken")
+
 // registerAdapter sends POST /admin/adapters to the engine at addr.
 func (a *Activator) registerAdapter(ctx context.Context, addr string, ad engineapi.LoadAdapterRequest) error {
 	body, err := json.Marshal(ad)
 	if err != nil {
 		return fmt.Errorf("register adapter %s: %w", ad.Name, err)
 	}
+	return a.adapterCall(ctx, addr, http.MethodPost, "/admin/adapters", body, ad.Name)
+}
+
+// unregisterAdapter sends DELETE /admin/adapters/NAME to the engine at
+// addr; an adapter it does not know is no error.
+func (a *Activator) unregisterAdapter(ctx context.Context, addr, name string) error {
+	err := a.adapterCall(ctx, addr, http.MethodDelete, "/admin/adapters/"+url.PathEscape(name), nil, name)
+	var e *openai.Error
+	if errors.As(err, &e) && e.Status == http.StatusNotFound {
+		return nil
+	}
+	return err
+}
+
+// adapterCall makes one call of an engine's adapter API. A 409 is
+// errAdapterTaken, another 4xx an *openai.Error for the client (the
+// adapter does not fit the base, its files are bad), anything else the
+// replica's failure.
+func (a *Activator) adapterCall(ctx context.Context, addr, method, path string, body []byte, name string) error {
 	rt, base := a.tr.For(addr)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/admin/adapters", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, method, base+path, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("register adapter %s: %w", ad.Name, err)
+		return fmt.Errorf("adapter %s: %w", name, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
-		return fmt.Errorf("register adapter %s with the engine: %w", ad.Name, err)
+		return fmt.Errorf("%s %s on the engine: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	switch {
 	case resp.StatusCode < 300:
 		return nil
+	case resp.StatusCode == http.StatusConflict:
+		return fmt.Errorf("%w: %s", errAdapterTaken, bytes.TrimSpace(msg))
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
 		var e struct {
 			Error struct {
@@ -200,10 +241,10 @@ func (a *Activator) registerAdapter(ctx context.Context, addr string, ad enginea
 		}
 		if json.Unmarshal(msg, &e) == nil && e.Error.Message != "" {
 			return &openai.Error{Status: resp.StatusCode, Type: openai.TypeInvalidRequest, Code: "adapter_invalid", Param: "model",
-				Message: "adapter " + ad.Name + " cannot be served: " + e.Error.Message}
+				Message: "adapter " + name + " cannot be served: " + e.Error.Message}
 		}
 		return &openai.Error{Status: resp.StatusCode, Type: openai.TypeInvalidRequest, Code: "adapter_invalid", Param: "model",
-			Message: "adapter " + ad.Name + " cannot be served: " + string(bytes.TrimSpace(msg))}
+			Message: "adapter " + name + " cannot be served: " + string(bytes.TrimSpace(msg))}
 	}
-	return fmt.Errorf("register adapter %s with the engine: %s: %s", ad.Name, resp.Status, bytes.TrimSpace(msg))
+	return fmt.Errorf("%s %s on the engine: %s: %s", method, path, resp.Status, bytes.TrimSpace(msg))
 }

@@ -270,3 +270,76 @@ func TestServeSpeculativeDefault(t *testing.T) {
 		})
 	}
 }
+
+// TestServeAdapterNewRevision: when an adapter gets a new revision, an
+// engine holding the old one under its name (409) has it swapped (DELETE,
+// then POST) once no request uses it; until then it serves the old one.
+func TestServeAdapterNewRevision(t *testing.T) {
+	res := &adapterResolver{testResolver: testResolver{spec: config.Default()}, adapters: map[string]engineapi.LoadAdapterRequest{
+		"sql": {Name: "sql", Path: "s3://b/m/adapters/sql", Revision: "sha256:1"},
+	}}
+	a := New(Options{Resolver: res})
+	ts := httptest.NewServer(a)
+	defer ts.Close()
+	var mu sync.Mutex
+	held := map[string]string{} // name → revision, as the engine's pool
+	busy := true                // the adapter has requests: an unload is refused
+	var calls []string
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case r.Method == http.MethodPost && r.URL.Path == "/admin/adapters":
+			var req engineapi.LoadAdapterRequest
+			json.Unmarshal(body, &req)
+			calls = append(calls, "post "+req.Revision)
+			if rev, ok := held[req.Name]; ok && rev != req.Revision {
+				w.WriteHeader(http.StatusConflict)
+				fmt.Fprint(w, `{"error":{"message":"sql is taken; unload it first","type":"invalid_request_error"}}`)
+				return
+			}
+			held[req.Name] = req.Revision
+			fmt.Fprint(w, `{}`)
+		case r.Method == http.MethodDelete && r.URL.Path == "/admin/adapters/sql":
+			calls = append(calls, "delete")
+			if busy {
+				w.WriteHeader(http.StatusConflict)
+				fmt.Fprint(w, `{"error":{"message":"sql is in use","type":"invalid_request_error"}}`)
+				return
+			}
+			delete(held, "sql")
+			fmt.Fprint(w, `{}`)
+		default:
+			fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
+		}
+	}))
+	defer engine.Close()
+	a.AddReplica("m", "r0", strings.TrimPrefix(engine.URL, "http://"), 0)
+	request := func() {
+		t.Helper()
+		if resp, body := post(t, ts.URL, `{"model":"m:sql","prompt":"x"}`); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+	}
+	request()
+	res.adapters = map[string]engineapi.LoadAdapterRequest{"sql": {Name: "sql", Path: "s3://b/m/adapters/sql", Revision: "sha256:2"}}
+	request() // busy: served with the revision the engine has
+	mu.Lock()
+	if held["sql"] != "sha256:1" {
+		t.Fatalf("the engine holds %s while busy", held["sql"])
+	}
+	busy = false
+	mu.Unlock()
+	request() // now swapped
+	request() // and known: no more calls
+	mu.Lock()
+	defer mu.Unlock()
+	if held["sql"] != "sha256:2" {
+		t.Fatalf("the engine holds %s, want the new revision", held["sql"])
+	}
+	want := []string{"post sha256:1", "post sha256:2", "delete", "post sha256:2", "delete", "post sha256:2"}
+	if !slices.Equal(calls, want) {
+		t.Fatalf("engine calls %v, want %v", calls, want)
+	}
+}
