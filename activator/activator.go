@@ -441,9 +441,15 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 			rec.itl = a.metrics.itlOf(target)
 			reason = a.serveProvider(rec, req, hop, p)
 		} else {
-			pool := target
+			deployment := target
+			if via != nil { // a route may target an adapter
+				if base, ad := a.adapterOf(target); ad != nil {
+					deployment, hop.adapter = base, ad
+				}
+			}
+			pool := deployment
 			if !pinned { // a deployment's canary takes its share
-				pool = a.canaries.Load().split(target, randIntN)
+				pool = a.canaries.Load().split(deployment, randIntN)
 			}
 			rec.itl = a.metrics.itlOf(pool)
 			r, reason, err = a.serveDeployment(rec, req, hop, pool, via)

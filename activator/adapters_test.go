@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/config"
+	"github.com/stokehq/stoke/internal/store"
 )
 
 func TestAdapterSetAffinity(t *testing.T) {
@@ -222,6 +224,25 @@ func TestServeAdapters(t *testing.T) {
 	if n := a.InFlight("m", "r0"); n != 0 {
 		t.Fatalf("%d requests still in flight on r0", n)
 	}
+
+	// A route may send requests to an adapter.
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	routes := config.Routes{Routes: []config.Route{{Name: "sql-route", Split: []config.Weighted{{To: "m:sql", Weight: 1}}}}}
+	if _, err := NewRouteBook(context.Background(), a, st, routes, nil); err != nil {
+		t.Fatal(err)
+	}
+	if resp, body := post(t, ts.URL, `{"model":"sql-route","prompt":"x"}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("through a route: %d %s", resp.StatusCode, body)
+	}
+	mu.Lock()
+	if got := models[len(models)-1]; got != "m:sql" {
+		t.Fatalf("a routed request reached the engine as %q", got)
+	}
+	mu.Unlock()
 
 	// A replica that comes back (removed, added again) is told again.
 	a.RemoveReplica(context.Background(), "m", "r0")
