@@ -14,7 +14,7 @@ func chatTok(t *testing.T, tpl string) *Tokenizer {
 }
 
 // renderLimited applies tpl and checks it fails with ErrChatTemplateLimit
-// within the time limit, without growing the heap by much.
+// within the time limit, without growing the process by much.
 func renderLimited(t *testing.T, tpl string) error {
 	t.Helper()
 	tk := chatTok(t, tpl)
@@ -31,8 +31,13 @@ func renderLimited(t *testing.T, tpl string) error {
 	if took > ChatTemplateTimeout+chatTemplateGrace+500*time.Millisecond {
 		t.Errorf("took %v, want about %v at most", took, ChatTemplateTimeout)
 	}
-	if grew := after.TotalAlloc - before.TotalAlloc; grew > 512<<20 {
-		t.Errorf("allocated %d MB", grew>>20)
+	// What the process took from the OS, not the bytes allocated: a
+	// render stopped by its deadline allocates what the CPU manages in
+	// that time (350–700 MB of short-lived garbage here), while a template
+	// that made the engine hold memory (range(1e9) grew it past 2.8 GB)
+	// shows here.
+	if grew := int64(after.Sys) - int64(before.Sys); grew > 256<<20 {
+		t.Errorf("the process grew by %d MB", grew>>20)
 	}
 	return err
 }
