@@ -103,32 +103,18 @@ func benchSpeculative(b *testing.B, s *specSubject, prompts [][]int32, n int, sp
 // BenchmarkSpeculativePromptLookup measures stories260K with and without
 // prompt lookup at concurrency 1 and 16, on the golden and the
 // extractive prompts.
-func BenchmarkSpeculativePromptLookup(b *testing.B) {
-	set, err := kernels.Default()
-	if err != nil {
-		b.Fatal(err)
-	}
-	s := storiesSubject(b, set)
-	for _, name := range []string{"golden", "extractive"} {
-		prompts := benchPrompts(b, s)[name]
-		for _, n := range []int{1, 16} {
-			for _, mode := range []string{"plain", "ngram"} {
-				spec := SpecConfig{}
-				if mode == "ngram" {
-					spec = benchSpec()
-				}
-				b.Run(fmt.Sprintf("%s/concurrency=%d/%s", name, n, mode), func(b *testing.B) {
-					benchSpeculative(b, s, prompts, n, spec)
-				})
-			}
-		}
-	}
-}
+func BenchmarkSpeculativePromptLookup(b *testing.B) { benchPromptLookup(b, []int{1, 16}) }
 
 // BenchmarkSpeculativeBreakEven measures the same at growing concurrency,
 // to find the batch at which prompt lookup stops paying (the default of
 // disable_by_batch_size): compare tok/s of ngram with plain at each n.
 func BenchmarkSpeculativeBreakEven(b *testing.B) {
+	benchPromptLookup(b, []int{1, 2, 4, 8, 12, 16, 24, 32})
+}
+
+// benchPromptLookup runs the golden and extractive prompts at each
+// concurrency, plain and with prompt lookup.
+func benchPromptLookup(b *testing.B, concurrencies []int) {
 	set, err := kernels.Default()
 	if err != nil {
 		b.Fatal(err)
@@ -136,7 +122,7 @@ func BenchmarkSpeculativeBreakEven(b *testing.B) {
 	s := storiesSubject(b, set)
 	for _, name := range []string{"golden", "extractive"} {
 		prompts := benchPrompts(b, s)[name]
-		for _, n := range []int{1, 2, 4, 8, 12, 16, 24, 32} {
+		for _, n := range concurrencies {
 			for _, mode := range []string{"plain", "ngram"} {
 				spec := SpecConfig{}
 				if mode == "ngram" {
