@@ -207,3 +207,18 @@ func TestAPI(t *testing.T) {
 		t.Fatalf("SDK models.retrieve of an unknown model: %v", err)
 	}
 }
+
+// TestNewServesInferenceAlone builds the API with only an inference
+// handler, as a data-path benchmark does: mounting the admin routes must
+// not need the deployments they act on.
+func TestNewServesInferenceAlone(t *testing.T) {
+	inference := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"ok":true}`)
+	})
+	srv := httptest.NewServer(New(Options{Inference: inference}))
+	defer srv.Close()
+	resp, body := send(t, http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(`{}`), nil)
+	if resp.StatusCode != http.StatusOK || body != `{"ok":true}` {
+		t.Fatalf("POST /v1/completions: %d %s", resp.StatusCode, body)
+	}
+}

@@ -18,8 +18,8 @@ import (
 // history, and promote, roll back, pin and unpin by hand.
 func mountRollouts(r *gin.Engine, o Options) {
 	r.GET("/admin/deployments/:name/rollouts", o.listRollouts)
-	r.POST("/admin/deployments/:name/promote", o.endCanary(o.Deployments.Promote))
-	r.POST("/admin/deployments/:name/rollback", o.endCanary(o.Deployments.Rollback))
+	r.POST("/admin/deployments/:name/promote", o.endCanary(Deployments.Promote))
+	r.POST("/admin/deployments/:name/rollback", o.endCanary(Deployments.Rollback))
 	r.POST("/admin/deployments/:name/pin", o.pin)
 	r.POST("/admin/deployments/:name/unpin", o.unpin)
 }
@@ -65,15 +65,16 @@ func (o Options) listRollouts(c *gin.Context) {
 }
 
 // endCanary answers POST …/promote and …/rollback with the rollout as it
-// ended; 409 when no canary runs.
-func (o Options) endCanary(end func(ctx context.Context, name string) (store.Rollout, error)) gin.HandlerFunc {
+// ended; 409 when no canary runs. end is a method expression of
+// Deployments, applied when a request comes, so mounting needs none.
+func (o Options) endCanary(end func(d Deployments, ctx context.Context, name string) (store.Rollout, error)) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		name := c.Param("name")
 		if _, err := o.Deployments.Deployment(c.Request.Context(), name); err != nil {
 			writeError(c, deploymentError(name, err))
 			return
 		}
-		r, err := end(c.Request.Context(), name)
+		r, err := end(o.Deployments, c.Request.Context(), name)
 		switch {
 		case errors.Is(err, reconcile.ErrNoCanary), errors.Is(err, store.ErrIllegalTransition):
 			writeError(c, &openai.Error{Status: http.StatusConflict, Type: openai.TypeInvalidRequest, Code: "no_canary",
