@@ -17,8 +17,8 @@ import (
 )
 
 // Transports keeps, per engine address ("unix:///path" or "host:port"),
-// one HTTP transport, so connections to a replica are reused, and the
-// reverse proxy that forwards requests over it.
+// one HTTP client (an engineTransport), so connections to a replica are
+// reused, and the reverse proxy that forwards requests over it.
 type Transports struct {
 	// WriteTimeout, when positive, is the deadline of each write and
 	// flush to the client: one that stalls that long (a client that
@@ -32,7 +32,7 @@ type Transports struct {
 
 // engineProxy is the reverse proxy to one engine.
 type engineProxy struct {
-	tr   *http.Transport
+	tr   *engineTransport
 	host string // the URL host of requests to the engine
 	rp   httputil.ReverseProxy
 }
@@ -53,8 +53,8 @@ func (t *Transports) proxy(addr string) *engineProxy {
 	if t.m == nil {
 		t.m = map[string]*engineProxy{}
 	}
-	p := &engineProxy{tr: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, DisableCompression: true, ForceAttemptHTTP2: false}}
-	p.host = engineapi.Dial(p.tr, addr)
+	dial, host := engineapi.Dialer(addr)
+	p := &engineProxy{tr: &engineTransport{dial: dial, maxIdle: 256, idleFor: 90 * time.Second}, host: host}
 	p.rp = httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
 		Transport:      p.tr,
@@ -75,7 +75,7 @@ func (t *Transports) Forget(addr string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if p, ok := t.m[addr]; ok {
-		p.tr.CloseIdleConnections()
+		p.tr.close()
 		delete(t.m, addr)
 	}
 }
@@ -121,7 +121,11 @@ func (t *Transports) forward(ctx context.Context, rp *httputil.ReverseProxy, r *
 	a := &attempt{w: w, ctx: ctx, rc: http.NewResponseController(w), writeTimeout: t.WriteTimeout, tooLongFallsBack: tooLongFallsBack}
 	a.req.Reset(body)
 	in := r.WithContext(context.WithValue(ctx, attemptKey{}, a))
-	in.Body, in.GetBody, in.ContentLength = &a.req, nil, int64(len(body))
+	in.Body, in.ContentLength = &a.req, int64(len(body))
+	in.GetBody = func() (io.ReadCloser, error) {
+		a.req.Reset(body)
+		return &a.req, nil
+	}
 	rp.ServeHTTP(a, in)
 	return a.used, a.err
 }
