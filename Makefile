@@ -30,7 +30,9 @@ run: build
 # the Kubernetes control plane and kubelet built from the module proxy
 # (12-16 minutes the first time) with Debian's etcd, CNI plugins,
 # PostgreSQL and Redis for the cluster and several-gateway tests, and the
-# helm CLI for the chart's tests.
+# helm CLI for the chart's tests, and Debian's CUDA 11.8 headers and
+# libraries with ptxas (non-free; about 1.6 GB the first time), with which
+# the CUDA code (-tags cuda) builds and its PTX assembles without a GPU.
 deps:
 	@GO=$(GO) sh ./scripts/install-minio.sh
 	@GO=$(GO) sh ./scripts/install-ec2-metadata-mock.sh
@@ -38,6 +40,7 @@ deps:
 	@sh ./scripts/install-prometheus.sh
 	@GO=$(GO) sh ./scripts/install-kubernetes.sh
 	@GO=$(GO) sh ./scripts/install-helm.sh
+	@sh ./scripts/install-cuda-headers.sh --with-ptxas
 
 # Every package runs twice (with a 30-minute timeout: ./cmd/stoke's
 # end-to-end tests build stoke and its images, which takes longer than go
@@ -48,11 +51,14 @@ deps:
 # that started it; then the
 # engine's tests run again on emulated CPUs (an AVX2-only AMD EPYC 7001,
 # and a baseline x86-64 without AVX), so a test cannot pass on this CPU
-# and fail on another.
+# and fail on another; last, the CUDA code is vetted and its test binaries
+# built and linked (-tags cuda, and cuda,nocublas), which skip their GPU
+# tests on a machine without one (scripts/gpu-check.sh runs them on one).
 test: deps lint
 	$(GO) test -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -timeout 30m -race -short ./...
 	@GO=$(GO) sh ./scripts/test-cpus.sh
+	@GO=$(GO) sh ./scripts/test-cuda-build.sh
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./engine/... ./weightstore/...

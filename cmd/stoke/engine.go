@@ -17,12 +17,13 @@ import (
 	"github.com/stokehq/stoke/engine/server"
 	"github.com/stokehq/stoke/runtime/process"
 	"github.com/stokehq/stoke/weightstore/load"
+	"github.com/stokehq/stoke/weightstore/load/cudaload"
 	"github.com/stokehq/stoke/weightstore/loader"
 )
 
 type engineFlags struct {
 	model, listen, servedName, kvMemory, simProfile string
-	kernels                                         string
+	kernels, device                                 string
 	blank, sim, noPrefixCaching                     bool
 	maxBatchedTokens, maxNumSeqs, maxModelLen       int
 	lowerPriorityPrefill                            int
@@ -66,6 +67,7 @@ func newEngineCmd() *cobra.Command {
 	fl.IntVar(&f.maxModelLen, "max-model-len", 0, "context length (0 = the model's)")
 	fl.BoolVar(&f.noPrefixCaching, "no-enable-prefix-caching", false, "turn prefix caching off")
 	fl.IntVar(&f.threads, "threads", 0, "compute threads (0 = all cores)")
+	fl.StringVar(&f.device, "device", "cpu", "what the model computes on: cpu, or cuda / cuda:N (a binary built with -tags cuda)")
 	addKernelsFlag(fl, &f.kernels)
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for in-flight requests")
 	fl.IntVar(&f.loadParallel, "load-parallel", 8, "concurrent ranged reads when loading from a bucket or the node cache")
@@ -147,7 +149,16 @@ func runEngine(ctx context.Context, f engineFlags) error {
 			}
 			opts.Device = dev
 		}
-		ld = load.Checkpoint(opts)
+		if f.device == "cpu" {
+			ld = load.Checkpoint(opts)
+		} else {
+			gpu, closeGPU, err := cudaload.Checkpoint(opts, cudaload.Options{Device: f.device})
+			if err != nil {
+				return err
+			}
+			defer closeGPU()
+			ld = gpu
+		}
 	}
 	srv, err := server.New(server.Options{Loader: ld, Registry: prometheus.NewRegistry(), DrainTimeout: f.drainTimeout, KernelSet: ks.Name()})
 	if err != nil {
