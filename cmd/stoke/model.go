@@ -14,7 +14,7 @@ import (
 
 func newModelCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "model", Short: "Create and convert model checkpoints"}
-	cmd.AddCommand(newSynthCmd(), newSynthAdapterCmd(), newQuantizeCmd())
+	cmd.AddCommand(newSynthCmd(), newSynthAdapterCmd(), newQuantizeCmd(), newExportGGUFCmd())
 	return cmd
 }
 
