@@ -228,7 +228,7 @@ func TestEmulatedGPUForwardMatchesCPU(t *testing.T) {
 			}
 			defer kv.Free()
 			emu := newEmulator(cfg, w, blocks)
-			freqs := RopeFrequencies(&cfg)
+			freqs := cfg.InverseFrequencies()
 			tables := [][]int32{{5, 1, 7, 3}, {2, 9, 4, 0}}
 			lens := []int{0, 0}
 			for si, counts := range [][]int{{20, 17}, {1, 18}, {1, 1}, {1, 1}} {

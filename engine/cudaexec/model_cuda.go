@@ -67,7 +67,7 @@ func New(ctx context.Context, dev *cuda.Device, cfg model.Config, src DeviceSour
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{dev: dev, cfg: cfg, opts: opts, invFreq: RopeFrequencies(&cfg), w: w, fn: map[string]cu.Function{}}
+	m := &Model{dev: dev, cfg: cfg, opts: opts, invFreq: cfg.InverseFrequencies(), w: w, fn: map[string]cu.Function{}}
 	defer func() {
 		if err != nil {
 			m.Close()

@@ -37,7 +37,7 @@ type Plan struct {
 }
 
 // NewPlan checks b against cfg and a KV pool of numBlocks blocks and
-// plans it. invFreq are the rotary frequencies (RopeFrequencies).
+// plans it. invFreq are the rotary frequencies (model.Config.InverseFrequencies).
 func NewPlan(cfg *model.Config, invFreq []float64, numBlocks int, b *model.Batch) (*Plan, error) {
 	n := len(b.Tokens)
 	if len(b.Positions) != n || len(b.Seqs) != n {
@@ -99,34 +99,6 @@ func RopeTable(headDim int, invFreq []float64, positions []int32, out []float32)
 		}
 	}
 	return out
-}
-
-// RopeFrequencies returns the rotary frequency of each half-dimension of
-// a head, with llama3 scaling applied, as the CPU model computes them.
-func RopeFrequencies(c *model.Config) []float64 {
-	half := c.HeadDim / 2
-	freqs := make([]float64, half)
-	for i := range freqs {
-		freqs[i] = 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(c.HeadDim))
-	}
-	r := c.RopeScaling
-	if r == nil || r.Kind() != "llama3" {
-		return freqs
-	}
-	oldCtx := float64(r.OriginalMaxPositionEmbeddings)
-	lowWavelen, highWavelen := oldCtx/r.LowFreqFactor, oldCtx/r.HighFreqFactor
-	for i, f := range freqs {
-		wavelen := 2 * math.Pi / f
-		switch {
-		case wavelen < highWavelen:
-		case wavelen > lowWavelen:
-			freqs[i] = f / r.Factor
-		default:
-			smooth := (oldCtx/wavelen - r.LowFreqFactor) / (r.HighFreqFactor - r.LowFreqFactor)
-			freqs[i] = (1-smooth)*f/r.Factor + smooth*f
-		}
-	}
-	return freqs
 }
 
 // Packed is a plan laid out in one host buffer, uploaded with one copy;

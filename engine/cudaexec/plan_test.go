@@ -24,7 +24,7 @@ func TestPlanSlotsTablesAndPack(t *testing.T) {
 		BlockTables: [][]int32{{4, 9}, {2}},
 		LogitRows:   []int{2, 3},
 	}
-	p, err := NewPlan(&cfg, RopeFrequencies(&cfg), 10, b)
+	p, err := NewPlan(&cfg, cfg.InverseFrequencies(), 10, b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestPlanRefusesBadBatches(t *testing.T) {
 		{"seq", model.Batch{Tokens: []int32{1}, Positions: []int32{0}, Seqs: []int32{1}, BlockTables: [][]int32{{0}}}, "no block table"},
 		{"row", model.Batch{Tokens: []int32{1}, Positions: []int32{0}, Seqs: []int32{0}, BlockTables: [][]int32{{0}}, LogitRows: []int{1}}, "logit row"},
 	} {
-		if _, err := NewPlan(&cfg, RopeFrequencies(&cfg), 10, &tc.b); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := NewPlan(&cfg, cfg.InverseFrequencies(), 10, &tc.b); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want %q", tc.name, err, tc.want)
 		}
 	}
@@ -162,9 +162,9 @@ func TestResolveWeightsScales(t *testing.T) {
 
 func TestRopeFrequenciesLlama3(t *testing.T) {
 	cfg := planConfig()
-	plain := RopeFrequencies(&cfg)
+	plain := cfg.InverseFrequencies()
 	cfg.RopeScaling = &model.RopeScaling{RopeType: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 64}
-	scaled := RopeFrequencies(&cfg)
+	scaled := cfg.InverseFrequencies()
 	if scaled[0] != plain[0] {
 		t.Errorf("the highest frequency changed: %v → %v", plain[0], scaled[0])
 	}

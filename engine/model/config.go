@@ -203,9 +203,10 @@ func (c *Config) NumParameters() int64 {
 	return n
 }
 
-// inverseFrequencies returns the rotary frequency of each of the head's
-// half-dimensions, with llama3 scaling applied.
-func (c *Config) inverseFrequencies() []float64 {
+// InverseFrequencies returns the rotary frequency of each of the head's
+// half-dimensions, with llama3 scaling applied: the one definition of RoPE
+// the CPU model and the GPU executor both use.
+func (c *Config) InverseFrequencies() []float64 {
 	half := c.HeadDim / 2
 	freqs := make([]float64, half)
 	for i := range freqs {

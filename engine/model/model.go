@@ -37,7 +37,7 @@ func New(cfg Config, src TensorSource, pool *kernels.Pool) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Model{cfg: cfg, w: w, pool: pool, invFreq: cfg.inverseFrequencies()}, nil
+	return &Model{cfg: cfg, w: w, pool: pool, invFreq: cfg.InverseFrequencies()}, nil
 }
 
 // Config returns the model's configuration.

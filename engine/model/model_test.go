@@ -272,7 +272,7 @@ func TestParseConfig(t *testing.T) {
 func TestLlama3RopeScaling(t *testing.T) {
 	c := Config{HeadDim: 128, RopeTheta: 500000, RopeScaling: &RopeScaling{RopeType: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}}
 	plain := Config{HeadDim: 128, RopeTheta: 500000}
-	scaled, base := c.inverseFrequencies(), plain.inverseFrequencies()
+	scaled, base := c.InverseFrequencies(), plain.InverseFrequencies()
 	if scaled[0] != base[0] {
 		t.Errorf("high frequency changed: %v vs %v", scaled[0], base[0])
 	}
