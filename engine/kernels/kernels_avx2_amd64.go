@@ -34,6 +34,7 @@ var avx2Kernels = func() *Set {
 	ks.gemmMax = batchLimits{f32: 16, bf16: 16, fp8: 8}
 	ks.f32TileRun = f32TilesAVX2w
 	ks.widenTiles = true
+	ks.widenOnce = true
 	ks.fmaPeak, ks.flopsPerIter = fmaPeakAVX2, 12*8*2
 	ks.bf16ToF32 = bf16ToF32AVX2w
 	ks.fp8ToF32 = fp8ToF32AVX2w
@@ -178,12 +179,23 @@ func f32TileRunAVX2w(x []float32, xs, nx int, w []float32, ws, k int, out []floa
 	}
 }
 
-// f32TilesAVX2w stores the products of nx x rows with nw W rows, each W
-// group staying in L1 while every x row streams past it: W rows three at
-// a time (4x3 tiles, whose twelve accumulators leave the FMA units slack),
-// after one or two quads (2x4 tiles) so that the rest divides by three;
-// rows left past those (nw of 1, 2 or 5) run as quads of one row.
+// f32TilesAVX2w stores the products of nx x rows with nw W rows. W rows
+// few enough to stay in L2 (a widened group) stream past each quad of x
+// rows in turn as 4x3 tiles, a last partial triple taken as the triple
+// ending at row nw, which computes one or two rows a second time to the
+// same bits. Otherwise each W group stays in L1 while every x row
+// streams past it: W rows three at a time (4x3 tiles, whose twelve
+// accumulators leave the FMA units slack), after one or two quads (2x4
+// tiles) so that the rest divides by three; rows left past those (nw of
+// 1, 2 or 5) run as quads of one row.
 func f32TilesAVX2w(x []float32, xs, nx int, w []float32, ws, k, nw int, out []float32, os int) {
+	if nx >= 8 && nw >= 3 && 4*nw*k <= widenGroupBytes {
+		f32Tile4x3ColsAVX2w(x, xs, nx, w, ws, k, nw/3, out, os)
+		if r := nw - 3; nw%3 != 0 {
+			f32Tile4x3ColsAVX2w(x, xs, nx, w[r*ws:], ws, k, 1, out[r:], os)
+		}
+		return
+	}
 	q := [3]int{0, 1, 2}[nw%3]
 	if 4*q > nw {
 		q = nw / 4
@@ -217,6 +229,30 @@ func f32Tile4x3AVX2w(x []float32, xs, nx int, w []float32, ws, k int, out []floa
 	avx2F32.addTails(x, xs, 4*quads, w, ws, kv, k, 3, out, os)
 	for t := 4 * quads; t < nx; t++ {
 		avx2F32.gemv(x[t*xs:], w, ws, k, 3, out[t*os:])
+	}
+}
+
+// f32Tile4x3ColsAVX2w stores the products of nx x rows with 3*triples W
+// rows: each quad of x rows in turn stays in L1 while the triples stream
+// past it (f32Tile4x3AVX2w's tiles with the loops the other way round),
+// the x rows past the last quad as GEMVs.
+func f32Tile4x3ColsAVX2w(x []float32, xs, nx int, w []float32, ws, k, triples int, out []float32, os int) {
+	nw := 3 * triples
+	_, _, _ = x[(nx-1)*xs+k-1], w[(nw-1)*ws+k-1], out[(nx-1)*os+nw-1]
+	kv, quads := k&^7, nx/4
+	for q := range quads {
+		t := 4 * q
+		if kv > 0 {
+			f32Tile4x3ColsAVX2(&x[t*xs], xs, &w[0], ws, kv, triples, &out[t*os], os)
+		} else {
+			for i := range 4 {
+				clear(out[(t+i)*os : (t+i)*os+nw])
+			}
+		}
+	}
+	avx2F32.addTails(x, xs, 4*quads, w, ws, kv, k, nw, out, os)
+	for t := 4 * quads; t < nx; t++ {
+		avx2F32.gemv(x[t*xs:], w, ws, k, nw, out[t*os:])
 	}
 }
 
@@ -376,6 +412,9 @@ func f32Tile4x3RunAVX2(x *float32, xs, quads int, w *float32, ws, k int, out *fl
 
 //go:noescape
 func fmaPeakAVX2(iters int)
+
+//go:noescape
+func f32Tile4x3ColsAVX2(x *float32, xs int, w *float32, ws, k, triples int, out *float32, os int)
 
 //go:noescape
 func dotAVX2(a *float32, b *float32, n int) float32

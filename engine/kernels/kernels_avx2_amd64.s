@@ -37,10 +37,12 @@
 	VPAND     X15, x, x; \
 	VCVTPH2PS x, y
 
+// FP8MASKY puts the FP8 decoding mask 0xBF80 in every word of Y15 (and so
+// of X15). Clobbers AX.
 #define FP8MASKY \
 	MOVL         $0xBF80, AX; \
 	MOVD         AX, X15; \
-	VPBROADCASTW X15, X15
+	VPBROADCASTW X15, Y15
 
 // ROWS2x4 loads the 2x4 kernels' arguments: x rows SI, R9 (stride xs
 // floats); w rows DI, R12, R13, R8 (stride ws elements of 1<<wshift bytes);
@@ -282,52 +284,47 @@ e24loop:
 	VFMADD231PS Y13, Y8, Y3; \
 	VFMADD231PS Y13, Y9, Y7
 
+// FP8W16 loads 16 fp8 weights from mem and decodes them (at 1/256 of
+// their value) into ymm lo (columns 0..7) and hi (columns 8..15), widening
+// all 16 at once in hi before converting each half. Needs the word mask
+// 0xBF80 in every word of Y15.
+#define FP8W16(mem, lo, hi, xhi) \
+	VPMOVSXBW    mem, hi; \
+	VPSLLW       $7, hi, hi; \
+	VPAND        Y15, hi, hi; \
+	VCVTPH2PS    xhi, lo; \
+	VEXTRACTI128 $1, hi, xhi; \
+	VCVTPH2PS    xhi, hi
+
 // FP8GVSTEP is one 16-column step of a fp8 GEMV quad, prefetching with PF.
+// Each accumulator takes columns 0..7 before 8..15, as in the other steps.
 #define FP8GVSTEP(PF) \
 	PF 0(R12); \
 	ADDQ $64, R12; \
 	VMOVUPS 0(SI)(BX*4), Y8; \
-	VPMOVSXBW 0(DI)(BX*1), X10; \
-	VPSLLW $7, X10, X10; \
-	VPAND X15, X10, X10; \
-	VCVTPH2PS X10, Y10; \
-	VPMOVSXBW 0(R9)(BX*1), X11; \
-	VPSLLW $7, X11, X11; \
-	VPAND X15, X11, X11; \
-	VCVTPH2PS X11, Y11; \
-	VPMOVSXBW 0(R10)(BX*1), X12; \
-	VPSLLW $7, X12, X12; \
-	VPAND X15, X12, X12; \
-	VCVTPH2PS X12, Y12; \
-	VPMOVSXBW 0(R11)(BX*1), X13; \
-	VPSLLW $7, X13, X13; \
-	VPAND X15, X13, X13; \
-	VCVTPH2PS X13, Y13; \
-	VFMADD231PS Y10, Y8, Y0; \
-	VFMADD231PS Y11, Y8, Y1; \
-	VFMADD231PS Y12, Y8, Y2; \
-	VFMADD231PS Y13, Y8, Y3; \
 	VMOVUPS 32(SI)(BX*4), Y9; \
-	VPMOVSXBW 8(DI)(BX*1), X4; \
-	VPSLLW $7, X4, X4; \
-	VPAND X15, X4, X4; \
-	VCVTPH2PS X4, Y4; \
-	VPMOVSXBW 8(R9)(BX*1), X5; \
-	VPSLLW $7, X5, X5; \
-	VPAND X15, X5, X5; \
-	VCVTPH2PS X5, Y5; \
-	VPMOVSXBW 8(R10)(BX*1), X6; \
-	VPSLLW $7, X6, X6; \
-	VPAND X15, X6, X6; \
-	VCVTPH2PS X6, Y6; \
-	VPMOVSXBW 8(R11)(BX*1), X7; \
-	VPSLLW $7, X7, X7; \
-	VPAND X15, X7, X7; \
-	VCVTPH2PS X7, Y7; \
-	VFMADD231PS Y4, Y9, Y0; \
-	VFMADD231PS Y5, Y9, Y1; \
-	VFMADD231PS Y6, Y9, Y2; \
-	VFMADD231PS Y7, Y9, Y3
+	FP8W16(0(DI)(BX*1), Y4, Y10, X10); \
+	FP8W16(0(R9)(BX*1), Y5, Y11, X11); \
+	FP8W16(0(R10)(BX*1), Y6, Y12, X12); \
+	FP8W16(0(R11)(BX*1), Y7, Y13, X13); \
+	VFMADD231PS Y4, Y8, Y0; \
+	VFMADD231PS Y5, Y8, Y1; \
+	VFMADD231PS Y6, Y8, Y2; \
+	VFMADD231PS Y7, Y8, Y3; \
+	VFMADD231PS Y10, Y9, Y0; \
+	VFMADD231PS Y11, Y9, Y1; \
+	VFMADD231PS Y12, Y9, Y2; \
+	VFMADD231PS Y13, Y9, Y3
+
+// FP8G2ROW decodes one W row's 16 columns at mem and adds them into the
+// accumulators a (x0) and b (x1): x0 and x1's columns 0..7 are in Y8 and
+// Y9, their columns 8..15 in Y12 and Y13. Clobbers Y10, Y11.
+#define FP8G2ROW(mem, a, b) \
+	FP8W16(mem, Y11, Y10, X10); \
+	VFMADD231PS Y11, Y8, a; \
+	VFMADD231PS Y11, Y9, b; \
+	VFMADD231PS Y10, Y12, a; \
+	VFMADD231PS Y10, Y13, b
 
 // FP8G2STEP is one 16-column step of a fp8 GEMM2 quad, prefetching with PF.
 #define FP8G2STEP(PF) \
@@ -335,56 +332,12 @@ e24loop:
 	ADDQ $64, R12; \
 	VMOVUPS 0(SI)(BX*4), Y8; \
 	VMOVUPS 0(R13)(BX*4), Y9; \
-	VPMOVSXBW 0(DI)(BX*1), X10; \
-	VPSLLW $7, X10, X10; \
-	VPAND X15, X10, X10; \
-	VCVTPH2PS X10, Y10; \
-	VPMOVSXBW 0(R9)(BX*1), X11; \
-	VPSLLW $7, X11, X11; \
-	VPAND X15, X11, X11; \
-	VCVTPH2PS X11, Y11; \
-	VPMOVSXBW 0(R10)(BX*1), X12; \
-	VPSLLW $7, X12, X12; \
-	VPAND X15, X12, X12; \
-	VCVTPH2PS X12, Y12; \
-	VPMOVSXBW 0(R11)(BX*1), X13; \
-	VPSLLW $7, X13, X13; \
-	VPAND X15, X13, X13; \
-	VCVTPH2PS X13, Y13; \
-	VFMADD231PS Y10, Y8, Y0; \
-	VFMADD231PS Y10, Y9, Y4; \
-	VFMADD231PS Y11, Y8, Y1; \
-	VFMADD231PS Y11, Y9, Y5; \
-	VFMADD231PS Y12, Y8, Y2; \
-	VFMADD231PS Y12, Y9, Y6; \
-	VFMADD231PS Y13, Y8, Y3; \
-	VFMADD231PS Y13, Y9, Y7; \
-	VMOVUPS 32(SI)(BX*4), Y8; \
-	VMOVUPS 32(R13)(BX*4), Y9; \
-	VPMOVSXBW 8(DI)(BX*1), X10; \
-	VPSLLW $7, X10, X10; \
-	VPAND X15, X10, X10; \
-	VCVTPH2PS X10, Y10; \
-	VPMOVSXBW 8(R9)(BX*1), X11; \
-	VPSLLW $7, X11, X11; \
-	VPAND X15, X11, X11; \
-	VCVTPH2PS X11, Y11; \
-	VPMOVSXBW 8(R10)(BX*1), X12; \
-	VPSLLW $7, X12, X12; \
-	VPAND X15, X12, X12; \
-	VCVTPH2PS X12, Y12; \
-	VPMOVSXBW 8(R11)(BX*1), X13; \
-	VPSLLW $7, X13, X13; \
-	VPAND X15, X13, X13; \
-	VCVTPH2PS X13, Y13; \
-	VFMADD231PS Y10, Y8, Y0; \
-	VFMADD231PS Y10, Y9, Y4; \
-	VFMADD231PS Y11, Y8, Y1; \
-	VFMADD231PS Y11, Y9, Y5; \
-	VFMADD231PS Y12, Y8, Y2; \
-	VFMADD231PS Y12, Y9, Y6; \
-	VFMADD231PS Y13, Y8, Y3; \
-	VFMADD231PS Y13, Y9, Y7
+	VMOVUPS 32(SI)(BX*4), Y12; \
+	VMOVUPS 32(R13)(BX*4), Y13; \
+	FP8G2ROW(0(DI)(BX*1), Y0, Y4); \
+	FP8G2ROW(0(R9)(BX*1), Y1, Y5); \
+	FP8G2ROW(0(R10)(BX*1), Y2, Y6); \
+	FP8G2ROW(0(R11)(BX*1), Y3, Y7)
 
 // func f32GemvAVX2(x *float32, w *float32, ws int, k int, quads int, out *float32, pf int, far bool)
 // out[r] = Σ_j x[j] * W[r][j] (raw for FP8) for r < 4*quads; k % 8 == 0.
@@ -1014,6 +967,136 @@ t3store:
 	ADDQ R14, R11
 	DECQ quads+16(FP)
 	JNZ t3quad
+	VZEROUPPER
+	RET
+
+// func f32Tile4x3ColsAVX2(x *float32, xs int, w *float32, ws, k, triples int, out *float32, os int)
+// out[t*os+r] = Σ_j x[t*xs+j] * w[r*ws+j] for t < 4, r < 3*triples; k % 8 == 0:
+// the 4x3 tiles of one quad of x rows, which stays in L1, against a run of
+// W row triples streaming past it: the same tiles, and sums, as
+// f32Tile4x3RunAVX2 with the loops the other way round.
+TEXT ·f32Tile4x3ColsAVX2(SB), NOSPLIT, $0-64
+	MOVQ x+0(FP), SI
+	MOVQ xs+8(FP), R14
+	SHLQ $2, R14
+	LEAQ (SI)(R14*1), R9
+	LEAQ (SI)(R14*2), R10
+	LEAQ (R9)(R14*2), R11
+	MOVQ w+16(FP), DI
+	MOVQ ws+24(FP), DX
+	SHLQ $2, DX
+	LEAQ (DI)(DX*1), R12
+	LEAQ (DI)(DX*2), R13
+	LEAQ (DX)(DX*2), R14
+	MOVQ k+32(FP), CX
+	MOVQ CX, AX
+	ANDQ $-16, AX
+	MOVQ out+48(FP), R8
+	MOVQ os+56(FP), DX
+	SHLQ $2, DX
+t3ctriple:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	XORQ BX, BX
+	CMPQ BX, AX
+	JAE t3cone
+t3cloop:
+	VMOVUPS 0(DI)(BX*4), Y12
+	VMOVUPS 0(R12)(BX*4), Y13
+	VMOVUPS 0(R13)(BX*4), Y14
+	VMOVUPS 0(SI)(BX*4), Y15
+	VFMADD231PS Y12, Y15, Y0
+	VFMADD231PS Y13, Y15, Y1
+	VFMADD231PS Y14, Y15, Y2
+	VMOVUPS 0(R9)(BX*4), Y15
+	VFMADD231PS Y12, Y15, Y3
+	VFMADD231PS Y13, Y15, Y4
+	VFMADD231PS Y14, Y15, Y5
+	VMOVUPS 0(R10)(BX*4), Y15
+	VFMADD231PS Y12, Y15, Y6
+	VFMADD231PS Y13, Y15, Y7
+	VFMADD231PS Y14, Y15, Y8
+	VMOVUPS 0(R11)(BX*4), Y15
+	VFMADD231PS Y12, Y15, Y9
+	VFMADD231PS Y13, Y15, Y10
+	VFMADD231PS Y14, Y15, Y11
+	VMOVUPS 32(DI)(BX*4), Y12
+	VMOVUPS 32(R12)(BX*4), Y13
+	VMOVUPS 32(R13)(BX*4), Y14
+	VMOVUPS 32(SI)(BX*4), Y15
+	VFMADD231PS Y12, Y15, Y0
+	VFMADD231PS Y13, Y15, Y1
+	VFMADD231PS Y14, Y15, Y2
+	VMOVUPS 32(R9)(BX*4), Y15
+	VFMADD231PS Y12, Y15, Y3
+	VFMADD231PS Y13, Y15, Y4
+	VFMADD231PS Y14, Y15, Y5
+	VMOVUPS 32(R10)(BX*4), Y15
+	VFMADD231PS Y12, Y15, Y6
+	VFMADD231PS Y13, Y15, Y7
+	VFMADD231PS Y14, Y15, Y8
+	VMOVUPS 32(R11)(BX*4), Y15
+	VFMADD231PS Y12, Y15, Y9
+	VFMADD231PS Y13, Y15, Y10
+	VFMADD231PS Y14, Y15, Y11
+	ADDQ $16, BX
+	CMPQ BX, AX
+	JB t3cloop
+t3cone:
+	CMPQ BX, CX
+	JAE t3cstore
+	VMOVUPS 0(DI)(BX*4), Y12
+	VMOVUPS 0(R12)(BX*4), Y13
+	VMOVUPS 0(R13)(BX*4), Y14
+	VMOVUPS 0(SI)(BX*4), Y15
+	VFMADD231PS Y12, Y15, Y0
+	VFMADD231PS Y13, Y15, Y1
+	VFMADD231PS Y14, Y15, Y2
+	VMOVUPS 0(R9)(BX*4), Y15
+	VFMADD231PS Y12, Y15, Y3
+	VFMADD231PS Y13, Y15, Y4
+	VFMADD231PS Y14, Y15, Y5
+	VMOVUPS 0(R10)(BX*4), Y15
+	VFMADD231PS Y12, Y15, Y6
+	VFMADD231PS Y13, Y15, Y7
+	VFMADD231PS Y14, Y15, Y8
+	VMOVUPS 0(R11)(BX*4), Y15
+	VFMADD231PS Y12, Y15, Y9
+	VFMADD231PS Y13, Y15, Y10
+	VFMADD231PS Y14, Y15, Y11
+t3cstore:
+	HSUM4(Y0, Y1, Y2, Y2, X0, X15)
+	HSUM4(Y3, Y4, Y5, Y5, X3, X15)
+	HSUM4(Y6, Y7, Y8, Y8, X6, X15)
+	HSUM4(Y9, Y10, Y11, Y11, X9, X15)
+	MOVQ R8, BX
+	VMOVSD X0, (BX)
+	VEXTRACTPS $2, X0, 8(BX)
+	ADDQ DX, BX
+	VMOVSD X3, (BX)
+	VEXTRACTPS $2, X3, 8(BX)
+	ADDQ DX, BX
+	VMOVSD X6, (BX)
+	VEXTRACTPS $2, X6, 8(BX)
+	ADDQ DX, BX
+	VMOVSD X9, (BX)
+	VEXTRACTPS $2, X9, 8(BX)
+	ADDQ $12, R8
+	ADDQ R14, DI
+	ADDQ R14, R12
+	ADDQ R14, R13
+	DECQ triples+40(FP)
+	JNZ t3ctriple
 	VZEROUPPER
 	RET
 

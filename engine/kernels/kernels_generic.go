@@ -61,6 +61,11 @@ type Set struct {
 	// set's BF16 and FP8 tiles (for sets where decoding in registers costs
 	// more than the FMAs it feeds).
 	widenTiles bool
+	// widenOnce makes widenTiles take every x row of a product in one
+	// block and widen W in groups of up to widenGroupBytes, so each W row
+	// is widened once per product: for sets whose f32TileRun streams a
+	// group that small past each quad of x rows, which stays in L1.
+	widenOnce bool
 	// fmaPeak, where a set has it, runs iters iterations of flopsPerIter
 	// floating-point operations of independent FMAs and nothing else: the
 	// arithmetic peak its products are measured against.

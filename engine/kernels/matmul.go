@@ -132,6 +132,9 @@ func (c *mmCall) quantized(lo, hi int) {
 	w := c.w
 	cols := w.Cols
 	xb := max(4, xBlockBytes/(4*cols)&^3)
+	if c.ks.widenOnce && c.n > c.ks.gemmMax.bf16 && c.n > c.ks.gemmMax.fp8 {
+		xb = c.n
+	}
 	var xs []float32
 	if w.BlockRows > 0 {
 		b := c.p.getScratch(min(c.n, xb) * cols)
@@ -207,7 +210,12 @@ func (c *mmCall) decode(x []float32, t0, t1, lo, hi int) {
 
 // widenRows is how many W rows widenedTiles widens at a time: whole
 // quads, and whole triples for tilings that take W rows three at a time.
-const widenRows = 12
+// Sets with widenOnce widen as many multiples of it as fit in
+// widenGroupBytes.
+const (
+	widenRows       = 12
+	widenGroupBytes = 128 << 10
+)
 
 // widenedTiles is the tile path of decode for sets whose F32 tiles beat
 // decoding in registers: every widenRows W rows are widened once into F32
@@ -217,11 +225,15 @@ const widenRows = 12
 func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
 	ks, w := c.ks, c.w
 	rows, cols := w.Rows, w.Cols
-	b := c.p.getScratch(widenRows * cols)
+	group := widenRows
+	if ks.widenOnce {
+		group = max(widenRows, widenGroupBytes/(4*cols)/widenRows*widenRows)
+	}
+	b := c.p.getScratch(group * cols)
 	defer c.p.putScratch(b)
 	wide := *b
-	for i := lo; i < hi; i += widenRows {
-		nr := min(widenRows, hi-i)
+	for i := lo; i < hi; i += group {
+		nr := min(group, hi-i)
 		for r := range nr {
 			row := (i + r) * cols
 			if w.DType == dtype.BF16 {
