@@ -83,6 +83,13 @@ func (c *mmCall) f32(lo, hi int) {
 		smallBatch(ks.f32Gemm, x, n, w, 4, rows, cols, lo, hi, out)
 		return
 	}
+	if ks.widenOnce {
+		g := widenGroup(cols)
+		for i := lo; i < hi; i += g {
+			tiles(ks.f32Dot4x4, ks.f32Dot1x4, ks.f32TileRun, x, 0, n, w, rows, cols, i, min(hi, i+g), out)
+		}
+		return
+	}
 	xb := max(4, xBlockBytes/(4*cols)&^3)
 	for t0 := 0; t0 < n; t0 += xb {
 		t1 := min(n, t0+xb)
@@ -227,7 +234,7 @@ func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
 	rows, cols := w.Rows, w.Cols
 	group := widenRows
 	if ks.widenOnce {
-		group = max(widenRows, widenGroupBytes/(4*cols)/widenRows*widenRows)
+		group = widenGroup(cols)
 	}
 	b := c.p.getScratch(group * cols)
 	defer c.p.putScratch(b)
@@ -244,6 +251,13 @@ func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
 		}
 		tiles(ks.f32Dot4x4, ks.f32Dot1x4, ks.f32TileRun, x, 0, n, wide, rows, cols, 0, nr, out[i:])
 	}
+}
+
+// widenGroup is how many W rows of cols columns the sets with widenOnce
+// take at a time: whole multiples of widenRows that fit in widenGroupBytes
+// as F32, at least widenRows.
+func widenGroup(cols int) int {
+	return max(widenRows, widenGroupBytes/(4*cols)/widenRows*widenRows)
 }
 
 // smallBatch stores the products of x rows [0, n) with W rows [lo, hi)
