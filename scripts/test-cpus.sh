@@ -43,7 +43,7 @@ for run in $RUNS; do
 	$GO test -c -o "$bins/$name.test" "$pkg"
 	for cpu in $(echo "${run#*:}" | tr ',' ' '); do
 		start=$(date +%s)
-		if (cd "$root/$pkg" && qemu-x86_64 -cpu "$cpu" "$bins/$name.test" -test.short -test.count=1 >"$bins/$name.$cpu.log" 2>&1); then
+		if (cd "$root/$pkg" && qemu-x86_64 -cpu "$cpu" "$bins/$name.test" -test.short -test.count=1 -test.timeout=45m >"$bins/$name.$cpu.log" 2>&1); then
 			echo "ok  	$pkg	on emulated $cpu	$(($(date +%s) - start))s"
 		else
 			grep -v '^qemu-x86_64: warning' "$bins/$name.$cpu.log" | tail -40 >&2

@@ -193,8 +193,14 @@ func checkConcurrentMatchesAlone(t *testing.T, set *kernels.Set, dir string, l c
 		return loaded
 	}
 	shared, idle := serve(l.batchTokens), serve(2048)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	// Bounded by the test binary's own deadline, not a fixed one: under
+	// emulation (scripts/test-cpus.sh) a case takes minutes.
+	ctx := t.Context()
+	if d, ok := t.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, d.Add(-30*time.Second))
+		defer cancel()
+	}
 
 	// The reference: each prompt alone through generate.Run, on one thread.
 	pool := set.NewPool(1)
