@@ -50,14 +50,15 @@
 //     registers as they stream in, never written back to memory; large
 //     products widen each quad of W rows into F32 scratch once and run
 //     the F32 tiles over it (Set.widenTiles: 7-9% faster FP8 prefill on
-//     AVX-512, twice as fast on AVX2). The AVX2 set widens each W row once
-//     per product, in groups that stay in L2 while each quad of x rows in
-//     turn stays in L1 and the group streams past it (Set.widenOnce):
-//     with 512 KiB of L2 (Zen 3) a block of x rows does not stay there. BF16 is decoded by widening to 32 bits and
-//     shifting left 16; FP8 E4M3FN by sign-extending each byte to a word,
-//     shifting left 7 and masking with 0xBF80, which yields the IEEE half
-//     equal to the FP8 value / 256 (subnormals included), widened by
-//     VCVTPH2PS. The factor 256 is folded into the scales.
+//     AVX-512, twice as fast on AVX2). The AVX2 set takes large products
+//     (F32 too) in groups of W rows that stay in L2 while each quad of x
+//     rows in turn stays in L1 and the group streams past it, widening
+//     each row once per product (Set.xStationary): with 512 KiB of L2
+//     (Zen 3) a block of x rows does not stay there. BF16 is decoded by
+//     widening to 32 bits and shifting left 16; FP8 E4M3FN by
+//     sign-extending each byte to a word, shifting left 7 and masking
+//     with 0xBF80, which yields the IEEE half equal to the FP8 value / 256
+//     (subnormals included), widened by VCVTPH2PS. The factor 256 is folded into the scales.
 //   - FP8 per-tensor and per-row scales multiply the outputs. Block scales
 //     (Hugging Face fine-grained FP8, typically 128x128) are folded, for
 //     each block of BlockRows output rows, into a scaled copy of x (one

@@ -34,7 +34,7 @@ var avx2Kernels = func() *Set {
 	ks.gemmMax = batchLimits{f32: 16, bf16: 16, fp8: 8}
 	ks.f32TileRun = f32TilesAVX2w
 	ks.widenTiles = true
-	ks.widenOnce = true
+	ks.xStationary = true
 	ks.fmaPeak, ks.flopsPerIter = fmaPeakAVX2, 12*8*2
 	ks.bf16ToF32 = bf16ToF32AVX2w
 	ks.fp8ToF32 = fp8ToF32AVX2w
@@ -189,7 +189,7 @@ func f32TileRunAVX2w(x []float32, xs, nx int, w []float32, ws, k int, out []floa
 // tiles) so that the rest divides by three; rows left past those (nw of
 // 1, 2 or 5) run as quads of one row.
 func f32TilesAVX2w(x []float32, xs, nx int, w []float32, ws, k, nw int, out []float32, os int) {
-	if nx >= 8 && nw >= 3 && 4*nw*k <= widenGroupBytes {
+	if nx >= 8 && nw >= 3 && 4*nw*k <= wGroupBytes {
 		f32Tile4x3ColsAVX2w(x, xs, nx, w, ws, k, nw/3, out, os)
 		if r := nw - 3; nw%3 != 0 {
 			f32Tile4x3ColsAVX2w(x, xs, nx, w[r*ws:], ws, k, 1, out[r:], os)

@@ -61,11 +61,12 @@ type Set struct {
 	// set's BF16 and FP8 tiles (for sets where decoding in registers costs
 	// more than the FMAs it feeds).
 	widenTiles bool
-	// widenOnce makes widenTiles take every x row of a product in one
-	// block and widen W in groups of up to widenGroupBytes, so each W row
-	// is widened once per product: for sets whose f32TileRun streams a
-	// group that small past each quad of x rows, which stays in L1.
-	widenOnce bool
+	// xStationary makes large products take W in groups of up to
+	// wGroupBytes (as F32) against every x row at once, instead of blocks
+	// of x rows against all of W: for sets whose f32TileRun keeps each
+	// quad of x rows in L1 while a group that small streams past it from
+	// L2. widenTiles then widens each W row once per product.
+	xStationary bool
 	// fmaPeak, where a set has it, runs iters iterations of flopsPerIter
 	// floating-point operations of independent FMAs and nothing else: the
 	// arithmetic peak its products are measured against.

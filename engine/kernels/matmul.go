@@ -83,8 +83,7 @@ func (c *mmCall) f32(lo, hi int) {
 		smallBatch(ks.f32Gemm, x, n, w, 4, rows, cols, lo, hi, out)
 		return
 	}
-	if ks.widenOnce {
-		g := widenGroup(cols)
+	if g := wGroupRows(ks, cols); g > 0 {
 		for i := lo; i < hi; i += g {
 			tiles(ks.f32Dot4x4, ks.f32Dot1x4, ks.f32TileRun, x, 0, n, w, rows, cols, i, min(hi, i+g), out)
 		}
@@ -139,7 +138,7 @@ func (c *mmCall) quantized(lo, hi int) {
 	w := c.w
 	cols := w.Cols
 	xb := max(4, xBlockBytes/(4*cols)&^3)
-	if c.ks.widenOnce && c.n > c.ks.gemmMax.bf16 && c.n > c.ks.gemmMax.fp8 {
+	if wGroupRows(c.ks, cols) > 0 {
 		xb = c.n
 	}
 	var xs []float32
@@ -217,11 +216,11 @@ func (c *mmCall) decode(x []float32, t0, t1, lo, hi int) {
 
 // widenRows is how many W rows widenedTiles widens at a time: whole
 // quads, and whole triples for tilings that take W rows three at a time.
-// Sets with widenOnce widen as many multiples of it as fit in
-// widenGroupBytes.
+// wGroupBytes bounds the F32 bytes of a group of W rows on the sets with
+// xStationary.
 const (
-	widenRows       = 12
-	widenGroupBytes = 128 << 10
+	widenRows   = 12
+	wGroupBytes = 128 << 10
 )
 
 // widenedTiles is the tile path of decode for sets whose F32 tiles beat
@@ -233,8 +232,8 @@ func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
 	ks, w := c.ks, c.w
 	rows, cols := w.Rows, w.Cols
 	group := widenRows
-	if ks.widenOnce {
-		group = widenGroup(cols)
+	if g := wGroupRows(ks, cols); g > 0 {
+		group = g
 	}
 	b := c.p.getScratch(group * cols)
 	defer c.p.putScratch(b)
@@ -253,11 +252,16 @@ func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
 	}
 }
 
-// widenGroup is how many W rows of cols columns the sets with widenOnce
-// take at a time: whole multiples of widenRows that fit in widenGroupBytes
-// as F32, at least widenRows.
-func widenGroup(cols int) int {
-	return max(widenRows, widenGroupBytes/(4*cols)/widenRows*widenRows)
+// wGroupRows is how many W rows of cols columns a product on ks takes at
+// a time against every x row: the most whole multiples of widenRows that
+// fit in wGroupBytes as F32. It is 0 for sets without xStationary, and
+// for rows too long for one multiple to fit, which are taken as on
+// other sets.
+func wGroupRows(ks *Set, cols int) int {
+	if !ks.xStationary {
+		return 0
+	}
+	return wGroupBytes / (4 * cols) / widenRows * widenRows
 }
 
 // smallBatch stores the products of x rows [0, n) with W rows [lo, hi)

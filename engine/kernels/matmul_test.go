@@ -264,7 +264,7 @@ func testBatchInvariant(t *testing.T, ks *Set) {
 	rng := rand.New(rand.NewPCG(6, 6))
 	{
 		for _, k := range weightKinds {
-			for _, shape := range [][2]int{{7, 172}, {130, 300}, {257, 64}, {9, 1031}} {
+			for _, shape := range [][2]int{{7, 172}, {130, 300}, {257, 64}, {9, 1031}, {5, 2900}} {
 				rows, cols := shape[0], shape[1]
 				w := newMatrix(rng, k, rows, cols)
 				for _, n := range []int{2, 3, 4, 5, 6, 7, 8, 9, 17, 70} {
@@ -293,29 +293,37 @@ func testBatchInvariant(t *testing.T, ks *Set) {
 }
 
 func TestMatMulBlocking(t *testing.T) {
-	// Enough x to exceed xBlockBytes: it is split into several x blocks.
-	// Rows = 9 leaves a row after the 4-row tiles, n = 133 an x row after
-	// the 4x4 tiles.
-	const n, rows, cols = 133, 9, 2085
-	if n*cols*4 <= xBlockBytes {
-		t.Fatal("shape does not exercise blocking")
+	// Enough x to exceed xBlockBytes: it is split into several x blocks
+	// (on sets with xStationary, only at 2900 columns, too many for a group
+	// of W rows). Rows = 9 leaves a row after the 4-row tiles, n = 133 an x
+	// row after the 4x4 tiles.
+	const n, rows = 133, 9
+	for _, cols := range []int{2085, 2900} {
+		if n*cols*4 <= xBlockBytes {
+			t.Fatal("shape does not exercise blocking")
+		}
+	}
+	if wGroupRows(&Set{xStationary: true}, 2900) != 0 {
+		t.Fatal("2900 columns fit a group of W rows")
 	}
 	for ki, k := range []weightKind{weightKinds[0], weightKinds[1], weightKinds[2], weightKinds[5]} {
 		for _, ks := range kernelSets() {
-			t.Run(k.name+"/"+ks.name, func(t *testing.T) {
-				rng := rand.New(rand.NewPCG(uint64(ki), 2))
-				w := newMatrix(rng, k, rows, cols)
-				x := randomVector(rng, n*cols)
-				want := make([]float32, n*rows)
-				MatMulNaive(want, x, n, w)
-				got := make([]float32, n*rows)
-				p := newPool(2, ks)
-				defer p.Close()
-				p.MatMul(got, x, n, w)
-				if err := closeTo(got, want, magnitudes(x, n, w)); err != nil {
-					t.Error(err)
-				}
-			})
+			for _, cols := range []int{2085, 2900} {
+				t.Run(fmt.Sprintf("%s/%s/cols=%d", k.name, ks.name, cols), func(t *testing.T) {
+					rng := rand.New(rand.NewPCG(uint64(ki), 2))
+					w := newMatrix(rng, k, rows, cols)
+					x := randomVector(rng, n*cols)
+					want := make([]float32, n*rows)
+					MatMulNaive(want, x, n, w)
+					got := make([]float32, n*rows)
+					p := newPool(2, ks)
+					defer p.Close()
+					p.MatMul(got, x, n, w)
+					if err := closeTo(got, want, magnitudes(x, n, w)); err != nil {
+						t.Error(err)
+					}
+				})
+			}
 		}
 	}
 }
