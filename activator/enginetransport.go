@@ -119,7 +119,7 @@ func (t *engineTransport) exchange(ctx context.Context, c *engineConn, req *http
 	if body != nil {
 		req.Body = readOnly{body}
 	}
-	err := req.Write(c.bw)
+	err := req.Write(unflushed{c.bw})
 	req.Body = body
 	if err == nil {
 		err = c.bw.Flush()
@@ -140,6 +140,13 @@ func (t *engineTransport) exchange(ctx context.Context, c *engineConn, req *http
 	resp.Body = &engineBody{body: resp.Body, ctx: ctx, c: c, t: t, stop: stop, reuse: !resp.Close && !req.Close}
 	return resp, nil
 }
+
+// unflushed is a connection's buffered writer as Request.Write sees it.
+// Handed a *bufio.Writer, Request.Write flushes the head on its own
+// before a body it does not know to be in memory, so head and body would
+// be two writes to the engine (two syscalls, and two wake-ups of its
+// reader); through this it buffers both, and exchange flushes once.
+type unflushed struct{ *bufio.Writer }
 
 // readOnly is a request body without its Close.
 type readOnly struct{ io.Reader }

@@ -139,3 +139,52 @@ func TestEngineTransport(t *testing.T) {
 		}
 	})
 }
+
+// writeCounter is a connection that counts its writes.
+type writeCounter struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c writeCounter) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// TestEngineTransportSendsARequestInOneWrite checks that a request's head
+// and a body Request.Write cannot tell is in memory (as ReverseProxy hands
+// it over) reach the engine in one write: one syscall, one wake-up of the
+// engine's reader.
+func TestEngineTransportSendsARequestInOneWrite(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Write(b)
+	}))
+	tr, _ := transportTo(t, srv)
+	var writes atomic.Int64
+	dial := tr.dial
+	tr.dial = func(ctx context.Context) (net.Conn, error) {
+		c, err := dial(ctx)
+		return writeCounter{c, &writes}, err
+	}
+	const body = `{"model":"chat","prompt":"hello there","max_tokens":1}`
+	for i := range 3 {
+		req, err := http.NewRequest(http.MethodPost, "http://engine/v1/completions", struct{ io.Reader }{strings.NewReader(body)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = int64(len(body))
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(got) != body {
+			t.Fatalf("answer %q, %v; want the body echoed", got, err)
+		}
+		if n := writes.Load(); n != int64(i+1) {
+			t.Fatalf("after %d requests the engine's connection took %d writes, want %d", i+1, n, i+1)
+		}
+	}
+}

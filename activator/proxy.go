@@ -20,8 +20,8 @@ import (
 // one HTTP client (an engineTransport), so connections to a replica are
 // reused, and the reverse proxy that forwards requests over it.
 type Transports struct {
-	// WriteTimeout, when positive, is the deadline of each write and
-	// flush to the client: one that stalls that long (a client that
+	// WriteTimeout, when positive, bounds each write and flush to the
+	// client (each has at least 3/4 of it): one that stalls (a client that
 	// stopped reading) fails the forward, which cancels the engine's
 	// request. Set before the first forward.
 	WriteTimeout time.Duration
@@ -142,6 +142,7 @@ type attempt struct {
 	rc *http.ResponseController
 	// writeTimeout bounds each write and flush to the client (0: none).
 	writeTimeout time.Duration
+	deadlineSet  time.Time // when the client's write deadline last moved
 	ctx          context.Context
 	// tooLongFallsBack turns the engine's context_length_exceeded into
 	// errTooLong instead of the answer.
@@ -201,12 +202,21 @@ func (a *attempt) FlushError() error {
 	return nil
 }
 
-// deadline gives the next write to the client writeTimeout to complete.
-// (The server clears the deadline once the response is done.)
+// deadline gives the next write to the client at least three quarters of
+// writeTimeout to complete. Moving the deadline resets a runtime timer,
+// which a stream would otherwise pay twice a token (write and flush); so
+// it moves only once a quarter of writeTimeout has passed since it last
+// did. (The server clears the deadline once the response is done.)
 func (a *attempt) deadline() {
-	if a.writeTimeout > 0 {
-		a.rc.SetWriteDeadline(time.Now().Add(a.writeTimeout))
+	if a.writeTimeout <= 0 {
+		return
 	}
+	now := time.Now()
+	if !a.deadlineSet.IsZero() && now.Sub(a.deadlineSet) < a.writeTimeout/4 {
+		return
+	}
+	a.deadlineSet = now
+	a.rc.SetWriteDeadline(now.Add(a.writeTimeout))
 }
 
 // clientFailed records that the client could not be written to (it went
