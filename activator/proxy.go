@@ -212,7 +212,7 @@ func (a *attempt) deadline() {
 		return
 	}
 	now := time.Now()
-	if !a.deadlineSet.IsZero() && now.Sub(a.deadlineSet) < a.writeTimeout/4 {
+	if now.Sub(a.deadlineSet) < a.writeTimeout/4 { // never set: a long time ago
 		return
 	}
 	a.deadlineSet = now
