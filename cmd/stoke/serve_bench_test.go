@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -225,6 +227,11 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // measured); use -benchtime 2500x for 5 s runs. It reports cpu-us/req and
 // checks that every answer was whole and that stoke_tokens_total counted
 // exactly the completion tokens the clients were sent.
+//
+// The reverseproxy sub-benchmarks are the floor to compare serve with:
+// the same requests through a bare httputil.ReverseProxy in this process
+// to the same engine (no api, no activator, no metrics), which is what Go's
+// net/http alone costs a request on this machine.
 func BenchmarkServeCPU(b *testing.B) {
 	rate := 500
 	if s := os.Getenv("STOKE_BENCH_RATE"); s != "" {
@@ -236,14 +243,22 @@ func BenchmarkServeCPU(b *testing.B) {
 	reg := prometheus.NewRegistry()
 	act := activator.New(activator.Options{Resolver: benchResolver{}, Registerer: reg})
 	act.AddReplica("chat", "sim-0", "unix://"+sock, 256)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
+	serveURL := benchHTTPServer(b, api.New(api.Options{Inference: act, Registry: reg})) + "/v1/completions"
+	floor := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(&url.URL{Scheme: "http", Host: "engine"}) },
+		Transport: &http.Transport{MaxIdleConnsPerHost: 256, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}},
 	}
-	hs := &http.Server{Handler: api.New(api.Options{Inference: act, Registry: reg}), ReadHeaderTimeout: 10 * time.Second}
-	go hs.Serve(ln)
-	b.Cleanup(func() { hs.Close() })
-	lg := startLoadgen(b, "http://"+ln.Addr().String()+"/v1/completions")
+	// Full duplex: a stream's headers can reach the client before the
+	// Transport has read the request body to its end, and net/http closes
+	// an unread request body once the response has begun, which would
+	// abort that request.
+	floorURL := benchHTTPServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		floor.ServeHTTP(w, r)
+	})) + "/v1/completions"
+	lg := startLoadgen(b)
 	// sent counts the completion tokens the clients were sent; a request's
 	// metrics are recorded just after its client has the whole answer, so
 	// settle waits until the counter caught up.
@@ -260,32 +275,57 @@ func BenchmarkServeCPU(b *testing.B) {
 		}
 	}
 
-	for _, tc := range []struct {
-		name, body string
-		stream     bool
-	}{
-		{"one-token", `{"model":"chat","prompt":"hello there","max_tokens":1}`, false},
-		{"stream-16", `{"model":"chat","prompt":"hello there","max_tokens":16,"stream":true,"stream_options":{"include_usage":true}}`, true},
-	} {
-		b.Run(tc.name, func(b *testing.B) {
-			b.ReportAllocs() // this process's: the gateway's
-			// Warm the connections up.
-			sent += lg.run(b, loadCmd{N: 20, Rate: rate, Body: tc.body, Stream: tc.stream}).CompletionTokens
-			settle(b)
-			runtime.GC()
-			b.ResetTimer()
-			cpu0 := cpuTime(b)
-			res := lg.run(b, loadCmd{N: b.N, Rate: rate, Body: tc.body, Stream: tc.stream})
-			sent += res.CompletionTokens
-			if res.Errors > 0 {
-				b.Fatalf("%d of %d requests failed, the first: %s", res.Errors, b.N, res.FirstError)
-			}
-			settle(b)
-			cpu := cpuTime(b) - cpu0
-			b.StopTimer()
-			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/req")
-		})
+	for _, gw := range []struct {
+		name, url string
+		counted   bool // it records stoke_tokens_total
+	}{{"serve", serveURL, true}, {"reverseproxy", floorURL, false}} {
+		for _, tc := range []struct {
+			name, body string
+			stream     bool
+		}{
+			{"one-token", `{"model":"chat","prompt":"hello there","max_tokens":1}`, false},
+			{"stream-16", `{"model":"chat","prompt":"hello there","max_tokens":16,"stream":true,"stream_options":{"include_usage":true}}`, true},
+		} {
+			b.Run(gw.name+"/"+tc.name, func(b *testing.B) {
+				b.ReportAllocs() // this process's: the gateway's
+				cmd := loadCmd{URL: gw.url, N: 20, Rate: rate, Body: tc.body, Stream: tc.stream}
+				// Warm the connections up.
+				warm := lg.run(b, cmd)
+				if gw.counted {
+					sent += warm.CompletionTokens
+					settle(b)
+				}
+				runtime.GC()
+				b.ResetTimer()
+				cpu0 := cpuTime(b)
+				cmd.N = b.N
+				res := lg.run(b, cmd)
+				if res.Errors > 0 {
+					b.Fatalf("%d of %d requests failed, the first: %s", res.Errors, b.N, res.FirstError)
+				}
+				if gw.counted {
+					sent += res.CompletionTokens
+					settle(b)
+				}
+				cpu := cpuTime(b) - cpu0
+				b.StopTimer()
+				b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/req")
+			})
+		}
 	}
+}
+
+// benchHTTPServer serves h on a loopback TCP port until the benchmark
+// ends and returns its base URL.
+func benchHTTPServer(b *testing.B, h http.Handler) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go hs.Serve(ln)
+	b.Cleanup(func() { hs.Close() })
+	return "http://" + ln.Addr().String()
 }
 
 // benchResolver knows one model, "chat", with room to buffer everything.
@@ -382,8 +422,9 @@ func startSimEngine(b *testing.B) string {
 	}
 }
 
-// loadCmd asks the load generator for N requests at Rate a second.
+// loadCmd asks the load generator for N requests to URL at Rate a second.
 type loadCmd struct {
+	URL     string
 	N, Rate int
 	Body    string
 	Stream  bool
@@ -403,11 +444,12 @@ type loadgen struct {
 	out *json.Decoder
 }
 
-const loadgenEnv = "STOKE_BENCH_LOADGEN_URL"
+// loadgenEnv set to 1 makes TestServeCPULoadgen the load generator.
+const loadgenEnv = "STOKE_BENCH_LOADGEN"
 
-func startLoadgen(b *testing.B, url string) *loadgen {
+func startLoadgen(b *testing.B) *loadgen {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestServeCPULoadgen$", "-test.count=1")
-	cmd.Env = append(os.Environ(), loadgenEnv+"="+url)
+	cmd.Env = append(os.Environ(), loadgenEnv+"=1")
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -439,8 +481,7 @@ func (l *loadgen) run(b *testing.B, c loadCmd) loadRun {
 // it runs only in the child process the benchmark starts, sending each
 // loadCmd read from stdin open loop and answering with a loadRun.
 func TestServeCPULoadgen(t *testing.T) {
-	url := os.Getenv(loadgenEnv)
-	if url == "" {
+	if os.Getenv(loadgenEnv) != "1" {
 		t.Skip("BenchmarkServeCPU's load generator; runs only in its child process")
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, DisableCompression: true}}
@@ -471,7 +512,7 @@ func TestServeCPULoadgen(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				resp, err := client.Post(url, "application/json", strings.NewReader(c.Body))
+				resp, err := client.Post(c.URL, "application/json", strings.NewReader(c.Body))
 				if err != nil {
 					fail(err)
 					return
