@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -44,6 +45,7 @@ type serveFlags struct {
 	noUsage                                                     bool
 	simProfile, routing, cacheMaxSize, kernels                  string
 	slots, warm, maxNumSeqs, threads, lowerPriorityPrefill      int
+	goMaxProcs                                                  int
 	maxLoras, maxLoRARank                                       int
 	speculativeConfig                                           string
 	interval, quiet, drain                                      time.Duration
@@ -94,6 +96,7 @@ DATA: it locks DATA/lock (which names its pid), and a second one fails.`,
 	fl.StringVar(&f.kvMemory, "kv-cache-memory", "512MiB", "KV cache of every runtime")
 	fl.IntVar(&f.maxNumSeqs, "max-num-seqs", 256, "requests one runtime runs at once")
 	fl.IntVar(&f.threads, "threads", 0, "compute threads of every runtime (0 = all cores)")
+	fl.IntVar(&f.goMaxProcs, "gomaxprocs", 0, "threads serve itself runs Go code on at once, runtimes not included (0 = Go's default, the CPUs it may use); 1 spends the least CPU per request where engines compute on the same cores")
 	fl.IntVar(&f.lowerPriorityPrefill, "lower-priority-prefill-tokens", 32, "prompt tokens an engine step computes at most for batch lines while interactive requests are in the engine (0 = no cap)")
 	fl.IntVar(&f.maxLoras, "max-loras", core.DefaultMaxLoras, "LoRA adapter slots of every runtime (adapters pushed under a model are served as MODEL:ADAPTER); 0 turns LoRA off")
 	fl.IntVar(&f.maxLoRARank, "max-lora-rank", core.DefaultMaxLoRARank, "largest LoRA rank (r) an adapter may have")
@@ -188,6 +191,13 @@ func runServe(ctx context.Context, f serveFlags) error {
 	slots, err := runtime.PlanSlots(f.slots, 0, 0, f.spot.slots)
 	if err != nil {
 		return fmt.Errorf("--slots/--spot-slots: %w", err)
+	}
+	if f.goMaxProcs < 0 {
+		return fmt.Errorf("--gomaxprocs must not be negative, got %d", f.goMaxProcs)
+	}
+	if f.goMaxProcs > 0 {
+		// Set here, not through $GOMAXPROCS, which the runtimes would inherit.
+		goruntime.GOMAXPROCS(f.goMaxProcs)
 	}
 	if f.maxLoras < 0 || f.maxLoRARank < 1 {
 		return fmt.Errorf("--max-loras must not be negative and --max-lora-rank must be positive, got %d and %d", f.maxLoras, f.maxLoRARank)

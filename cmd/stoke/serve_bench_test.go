@@ -163,10 +163,19 @@ func benchServeWith(b *testing.B, flags []string, models ...string) string {
 // BenchmarkServeOverhead measures the latency stoke serve adds to a
 // one-token completion on a sim engine (8B H100 profile), against the same
 // engine called directly, at 200 and 1,000 requests/s ($STOKE_BENCH_SECONDS
-// each, default 5).
+// each, default 5), with serve on Go's default GOMAXPROCS and on
+// --gomaxprocs 1.
 func BenchmarkServeOverhead(b *testing.B) {
 	seconds := benchSeconds(b, 5)
-	base := benchServe(b, "chat")
+	for _, procs := range []int{0, 1} {
+		b.Run(fmt.Sprintf("gomaxprocs=%d", procs), func(b *testing.B) {
+			benchServeOverhead(b, seconds, benchServeWith(b, []string{"--gomaxprocs", fmt.Sprint(procs)}, "chat"))
+		})
+	}
+}
+
+// benchServeOverhead is BenchmarkServeOverhead against the serve at base.
+func benchServeOverhead(b *testing.B, seconds time.Duration, base string) {
 	var rts struct {
 		Data []struct {
 			Socket string `json:"socket"`

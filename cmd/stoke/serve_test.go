@@ -727,3 +727,17 @@ func TestLateControllerIsSafeToShare(t *testing.T) {
 		t.Fatal("an empty controller resolved a model")
 	}
 }
+
+// TestServeGoMaxProcs: --gomaxprocs sets the threads serve runs Go code on
+// (7, which no default here is), and a negative one stops serve with one
+// line.
+func TestServeGoMaxProcs(t *testing.T) {
+	out, err := stoke(t, "serve", "--data", t.TempDir(), "--gomaxprocs", "-1")
+	if err == nil || !strings.Contains(err.Error(), "--gomaxprocs must not be negative") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("serve --gomaxprocs -1: %v\n%s", err, out)
+	}
+	base := startServe(t, nil, "--data", t.TempDir(), "--warm", "0", "--sim-profile", "llama-3.1-8b-fp8-h100", "--gomaxprocs", "7")
+	if got := metricValue(t, base, "go_sched_gomaxprocs_threads "); got != 7 {
+		t.Fatalf("go_sched_gomaxprocs_threads is %v under --gomaxprocs 7", got)
+	}
+}
