@@ -156,7 +156,12 @@ func TestServeBufferFull(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	for a.Concurrency("m") < 1 {
+	// Wait until it holds the place, not just until it is counted: it
+	// counts as waiting before it enters the buffer.
+	for {
+		if r, ok := a.existing("m"); ok && r.buffer.Len() == 1 {
+			break
+		}
 		time.Sleep(time.Millisecond)
 	}
 	resp, body := post(t, ts.URL, `{"model":"m","prompt":"y"}`)
