@@ -156,18 +156,23 @@ func TestServeBufferFull(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	// Wait until it holds the place, not just until it is counted: it
-	// counts as waiting before it enters the buffer.
-	for {
-		if r, ok := a.existing("m"); ok && r.buffer.Len() == 1 {
-			break
-		}
+	for bufferLen(a, "m") < 1 {
 		time.Sleep(time.Millisecond)
 	}
 	resp, body := post(t, ts.URL, `{"model":"m","prompt":"y"}`)
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "buffer_full") {
 		t.Fatalf("%d %v %s: want 429 with Retry-After and code buffer_full", resp.StatusCode, resp.Header, body)
 	}
+}
+
+// bufferLen is how many requests deployment's buffer holds. A test waits
+// on it, not on Concurrency, to know a request took its place: Concurrency
+// counts a request as waiting just before it enters the buffer.
+func bufferLen(a *Activator, deployment string) int {
+	if r, ok := a.existing(deployment); ok {
+		return r.buffer.Len()
+	}
+	return 0
 }
 
 func TestUsageOf(t *testing.T) {

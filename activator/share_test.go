@@ -142,15 +142,7 @@ func TestServeLightFlowBesideHeavy(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); send(ctx, "heavy") }()
 	}
-	// waiting is how many requests the buffer holds. Concurrency cannot
-	// say that: it counts a request as waiting just before it enters.
-	waiting := func() int {
-		if r, ok := a.existing("m"); ok {
-			return r.buffer.Len()
-		}
-		return 0
-	}
-	for a.InFlight("m", "r") < 4 || waiting() < 16 {
+	for a.InFlight("m", "r") < 4 || bufferLen(a, "m") < 16 {
 		time.Sleep(time.Millisecond)
 	}
 	// The heavy tenant holds all 4 slots with 16 more waiting; the light
@@ -158,7 +150,7 @@ func TestServeLightFlowBesideHeavy(t *testing.T) {
 	// heavy tenant's share leaves it: a heavy request must end for that.
 	done := make(chan int, 1)
 	go func() { code, _ := send(ctx, "light"); done <- code }()
-	for waiting() < 17 {
+	for bufferLen(a, "m") < 17 {
 		time.Sleep(time.Millisecond)
 	}
 	select {

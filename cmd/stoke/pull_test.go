@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -90,9 +89,7 @@ func TestEngineLoadsFromBucket(t *testing.T) {
 			t.Errorf("engine: %v", err)
 		}
 	}()
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
+	client := &http.Client{Transport: unixTransport(sock, 0)}
 	call := func(method, path, body string) (int, string) {
 		t.Helper()
 		for range 100 {

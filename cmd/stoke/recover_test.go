@@ -1,11 +1,9 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -57,9 +55,7 @@ func complete(t testing.TB, base, model string) string {
 // enginePost posts an admin operation straight to an engine's socket.
 func enginePost(t testing.TB, socket, path string) {
 	t.Helper()
-	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", socket)
-	}}}
+	c := &http.Client{Transport: unixTransport(socket, 0)}
 	defer c.CloseIdleConnections()
 	resp, err := c.Post("http://engine"+path, "application/json", nil)
 	if err != nil {

@@ -182,9 +182,7 @@ func benchServeOverhead(b *testing.B, seconds time.Duration, base string) {
 		} `json:"data"`
 	}
 	getJSON(b, base+"/admin/runtimes", &rts)
-	direct := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", rts.Data[0].Socket)
-	}}}
+	direct := &http.Client{Transport: unixTransport(rts.Data[0].Socket, 2048)}
 	viaServe := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048}}
 	body := func(int) string { return `{"model":"chat","prompt":"hello there","max_tokens":1}` }
 	for range b.N {
@@ -254,10 +252,8 @@ func BenchmarkServeCPU(b *testing.B) {
 	act.AddReplica("chat", "sim-0", "unix://"+sock, 256)
 	serveURL := benchHTTPServer(b, api.New(api.Options{Inference: act, Registry: reg})) + "/v1/completions"
 	floor := &httputil.ReverseProxy{
-		Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(&url.URL{Scheme: "http", Host: "engine"}) },
-		Transport: &http.Transport{MaxIdleConnsPerHost: 256, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}},
+		Rewrite:   func(r *httputil.ProxyRequest) { r.SetURL(&url.URL{Scheme: "http", Host: "engine"}) },
+		Transport: unixTransport(sock, 256),
 	}
 	// Full duplex: a stream's headers can reach the client before the
 	// Transport has read the request body to its end, and net/http closes
@@ -407,9 +403,7 @@ func startSimEngine(b *testing.B) string {
 			<-exited
 		}
 	})
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
+	client := &http.Client{Transport: unixTransport(sock, 0)}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := client.Get("http://engine/health")

@@ -445,9 +445,7 @@ func prefixHitRate(t *testing.T, base, model string) float64 {
 		if r.Model != model {
 			continue
 		}
-		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", r.Socket)
-		}}}
+		c := &http.Client{Transport: unixTransport(r.Socket, 0)}
 		resp, err := c.Get("http://engine/metrics")
 		if err != nil {
 			t.Fatal(err)
@@ -550,9 +548,7 @@ func TestServeReplicaKilledMidStream(t *testing.T) {
 	getJSON(t, base+"/admin/runtimes", &rts)
 	killed := ""
 	for _, r := range rts.Data {
-		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", r.Socket)
-		}}}
+		c := &http.Client{Transport: unixTransport(r.Socket, 0)}
 		var st struct {
 			Running int `json:"running"`
 		}
@@ -740,4 +736,13 @@ func TestServeGoMaxProcs(t *testing.T) {
 	if got := metricValue(t, base, "go_sched_gomaxprocs_threads "); got != 7 {
 		t.Fatalf("go_sched_gomaxprocs_threads is %v under --gomaxprocs 7", got)
 	}
+}
+
+// unixTransport is an HTTP transport whose every connection goes to the
+// unix socket at path, keeping idle connections per host (0: net/http's
+// default).
+func unixTransport(path string, idle int) *http.Transport {
+	return &http.Transport{MaxIdleConnsPerHost: idle, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", path)
+	}}
 }

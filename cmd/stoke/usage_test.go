@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -76,9 +75,7 @@ func engineTokens(t *testing.T, base string) int64 {
 			continue
 		}
 		path := strings.TrimPrefix(r.Socket, "unix://")
-		client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", path)
-		}}}
+		client := &http.Client{Transport: unixTransport(path, 0)}
 		resp, err := client.Get("http://engine/metrics")
 		if err != nil {
 			t.Fatal(err)
