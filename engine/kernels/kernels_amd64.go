@@ -28,6 +28,9 @@ var avx512Kernels = func() *Set {
 		fp8Gemm:     fp8GemmAsm,
 		bf16ToF32:   bf16ToF32Asm,
 		fp8ToF32:    fp8ToF32Asm,
+		fp8Widen:    func(dst []float32, src []uint8) { fp8ToF32Asm(dst, src, 1) },
+		fp8X:        1,
+		fp8Out:      fp8Unit,
 		axpy:        axpyAsm,
 		scale:       scaleAsm,
 		scaleTo:     scaleToAsm,
@@ -82,10 +85,16 @@ func fp8Dot1x4Asm(x []float32, w []uint8, ws, k int, out []float32) {
 }
 
 // gemvPrefetch returns how far ahead, in bytes, the GEMV kernels prefetch
-// W (one quad of rows of ws elements of size bytes), and whether into L2
-// only: quads larger than gemvNear would crowd x out of L1.
+// W, and whether into L2 only: distances beyond gemvNear would crowd x
+// out of L1. They prefetch the next quad of rows (of ws elements of size
+// bytes), or the one after it where a quad is under gemvNear: a quad of
+// 768 FP8 or BF16 columns arrives too late one quad ahead, which cost
+// BenchmarkDecodeStream a tenth of its bandwidth on Zen 5.
 func gemvPrefetch(ws, size int) (pf int, far bool) {
 	pf = 4 * ws * size
+	if pf < gemvNear {
+		pf *= 2
+	}
 	return pf, pf > gemvNear
 }
 

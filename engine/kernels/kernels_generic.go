@@ -13,8 +13,9 @@ import (
 //
 // Shapes: x and w rows are k elements long; xs, ws and os are the distances
 // in elements between consecutive rows of x, w and out. FP8 dot products are
-// "raw": they return Σ x·E4M3(w)/256 (the assembly decodes FP8 into half
-// precision at 1/256 of its value), and the caller multiplies by 256·scale.
+// "raw": the caller multiplies x by fp8X first and the products by
+// fp8Out·scale after, since each set decodes FP8 at the fraction of its
+// value that suits its instructions (fp8Widen).
 type Set struct {
 	name string
 	// f32Dot4x4 stores Σ_j x[t*xs+j]*w[r*ws+j] into out[t*os+r] for t, r < 4
@@ -74,8 +75,16 @@ type Set struct {
 	flopsPerIter int
 	// bf16ToF32 widens src into dst; len(dst) == len(src).
 	bf16ToF32 func(dst []float32, src []uint16)
-	// fp8ToF32 stores E4M3(src[j])/256*mul into dst[j]; len(dst) == len(src).
+	// fp8ToF32 stores E4M3(src[j])/fp8Unit*mul into dst[j]; len(dst) == len(src).
 	fp8ToF32 func(dst []float32, src []uint8, mul float32)
+	// fp8Widen stores into dst[j] the value the set's FP8 kernels decode
+	// src[j] to, E4M3(src[j])/(fp8X·fp8Out) exactly; len(dst) == len(src).
+	fp8Widen func(dst []float32, src []uint8)
+	// fp8X is the power of two x is multiplied by before FP8 products, so
+	// that products with fp8Widen's values stay clear of float32's
+	// subnormals; fp8Out is what the raw products are multiplied by (with
+	// the weights' scales) to give Σ x·E4M3(w).
+	fp8X, fp8Out float32
 	// axpy adds alpha*x to y; len(y) == len(x).
 	axpy func(y []float32, alpha float32, x []float32)
 	// scale multiplies y by alpha.
@@ -96,7 +105,9 @@ type Set struct {
 // run through a set's small-batch kernels.
 type batchLimits struct{ f32, bf16, fp8 int }
 
-// fp8Unit is the factor by which raw FP8 results must be multiplied.
+// fp8Unit is what fp8ToF32 and the portable and AVX-512 FP8 kernels divide
+// E4M3 values by: they decode FP8 through half precision (or fp8Raw) at
+// 1/256 of its value, so that subnormals stay exact.
 const fp8Unit = 256
 
 // genericKernels is the portable implementation, used by purego builds, on
@@ -112,6 +123,9 @@ var genericKernels = Set{
 	fp8Dot1x4:   fp8Dot1x4Go,
 	bf16ToF32:   bf16ToF32Go,
 	fp8ToF32:    fp8ToF32Go,
+	fp8Widen:    fp8WidenGo,
+	fp8X:        1,
+	fp8Out:      fp8Unit,
 	axpy:        axpyGo,
 	scale:       scaleGo,
 	scaleTo:     scaleToGo,
@@ -247,6 +261,8 @@ func fp8ToF32Go(dst []float32, src []uint8, mul float32) {
 		dst[j] = fp8Raw[b] * mul
 	}
 }
+
+func fp8WidenGo(dst []float32, src []uint8) { fp8ToF32Go(dst, src, 1) }
 
 func axpyGo(y []float32, alpha float32, x []float32) {
 	x = x[:len(y)]

@@ -133,7 +133,8 @@ func tiles[T any](dot4x4 func(x []float32, xs int, w []T, ws, k int, out []float
 // that decode W in registers as they stream it, large ones through tiles
 // (for the sets with widenTiles, F32 tiles over W widened widenRows rows
 // at a time). FP8 scales multiply the outputs, or for block scales a scaled
-// copy of x. The x rows are taken xBlockBytes at a time.
+// copy of x (which also takes the set's fp8X). The x rows are taken
+// xBlockBytes at a time.
 func (c *mmCall) quantized(lo, hi int) {
 	w := c.w
 	cols := w.Cols
@@ -141,8 +142,9 @@ func (c *mmCall) quantized(lo, hi int) {
 	if wGroupRows(c.ks, cols) > 0 {
 		xb = c.n
 	}
+	ks := c.ks
 	var xs []float32
-	if w.BlockRows > 0 {
+	if w.DType == dtype.F8E4M3 && (w.BlockRows > 0 || ks.fp8X != 1) {
 		b := c.p.getScratch(min(c.n, xb) * cols)
 		defer c.p.putScratch(b)
 		xs = *b
@@ -153,17 +155,28 @@ func (c *mmCall) quantized(lo, hi int) {
 		case w.DType == dtype.BF16:
 			c.decode(c.x[t0*cols:], t0, t1, lo, hi)
 		case w.BlockRows == 0:
-			c.decode(c.x[t0*cols:], t0, t1, lo, hi)
+			x := c.x[t0*cols : t1*cols]
+			if ks.fp8X != 1 {
+				ks.scaleTo(xs[:len(x)], x, ks.fp8X)
+				x = xs
+			}
+			c.decode(x, t0, t1, lo, hi)
 			for t := t0; t < t1; t++ {
 				o := c.out[t*w.Rows:]
 				for i := lo; i < hi; i++ {
-					o[i] *= fp8Unit * w.scaleAt(i, 0)
+					o[i] *= ks.fp8Out * w.scaleAt(i, 0)
 				}
 			}
 		default:
 			// Block scales: for each row block, fold the scales of its
-			// column blocks (and the factor 256) into a scaled copy of the
-			// x rows, so the FP8 dot products come out fully scaled.
+			// column blocks and fp8X into a scaled copy of the x rows, so
+			// the FP8 dot products come out scaled. Where fp8X is 1,
+			// fp8Out is folded in too; otherwise it multiplies the outputs
+			// after, as both together could take x past float32's range.
+			fold, out := ks.fp8X*ks.fp8Out, float32(1)
+			if ks.fp8X != 1 {
+				fold, out = ks.fp8X, ks.fp8Out
+			}
 			for s0 := lo; s0 < hi; {
 				s1 := min(hi, (s0/w.BlockRows+1)*w.BlockRows)
 				for t := t0; t < t1; t++ {
@@ -171,11 +184,14 @@ func (c *mmCall) quantized(lo, hi int) {
 					src := c.x[t*cols : (t+1)*cols]
 					for j := 0; j < cols; j += w.BlockCols {
 						e := min(cols, j+w.BlockCols)
-						c.ks.scaleTo(xt[j:e], src[j:e], fp8Unit*w.scaleAt(s0, j))
+						ks.scaleTo(xt[j:e], src[j:e], fold*w.scaleAt(s0, j))
 					}
 				}
 				c.decode(xs, t0, t1, s0, s1)
 				s0 = s1
+			}
+			for t := t0; t < t1 && out != 1; t++ {
+				ks.scale(c.out[t*w.Rows+lo:t*w.Rows+hi], out)
 			}
 		}
 	}
@@ -225,7 +241,7 @@ const (
 
 // widenedTiles is the tile path of decode for sets whose F32 tiles beat
 // decoding in registers: every widenRows W rows are widened once into F32
-// scratch (FP8 at 1/256 of its value, as the kernels decode it) and
+// scratch (FP8 as the set's kernels decode it, fp8Widen) and
 // multiplied by every x row through the F32 tiles. Widening is exact, so
 // the products are the same bits as the set's BF16 and FP8 kernels give.
 func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
@@ -245,7 +261,7 @@ func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
 			if w.DType == dtype.BF16 {
 				ks.bf16ToF32(wide[r*cols:(r+1)*cols], w.BF16[row:row+cols])
 			} else {
-				ks.fp8ToF32(wide[r*cols:(r+1)*cols], w.FP8[row:row+cols], 1)
+				ks.fp8Widen(wide[r*cols:(r+1)*cols], w.FP8[row:row+cols])
 			}
 		}
 		tiles(ks.f32Dot4x4, ks.f32Dot1x4, ks.f32TileRun, x, 0, n, wide, rows, cols, 0, nr, out[i:])
