@@ -2,7 +2,11 @@
 
 package kernels
 
-import "golang.org/x/sys/cpu"
+import (
+	"golang.org/x/sys/cpu"
+
+	"github.com/stokehq/stoke/internal/dtype"
+)
 
 // avx512Kernels is the AVX-512 kernel set, or nil when the CPU lacks any of
 // the extensions it uses (F, BW, VL, DQ, and FMA).
@@ -28,9 +32,9 @@ var avx512Kernels = func() *Set {
 		fp8Gemm:     fp8GemmAsm,
 		bf16ToF32:   bf16ToF32Asm,
 		fp8ToF32:    fp8ToF32Asm,
-		fp8Widen:    func(dst []float32, src []uint8) { fp8ToF32Asm(dst, src, 1) },
-		fp8X:        1,
-		fp8Out:      fp8Unit,
+		fp8Widen:    fp8WidenAsm,
+		fp8X:        fp8BitsX,
+		fp8Out:      fp8BitsOut,
 		axpy:        axpyAsm,
 		scale:       scaleAsm,
 		scaleTo:     scaleToAsm,
@@ -43,6 +47,24 @@ var avx512Kernels = func() *Set {
 		fmaPeak:      fmaPeakAVX512,
 		flopsPerIter: 12 * 16 * 2,
 	}
+}()
+
+// The AVX-512 and AVX2 FP8 kernels decode a weight into the float32 at
+// 2^-120 of its value (E4M3's exponent bits put in float32's exponent
+// field), three instructions without a conversion; x is multiplied by
+// 2^64 before, and the raw products by 2^56 after.
+const (
+	fp8BitsX   = 1 << 64
+	fp8BitsOut = 1 << 56
+)
+
+// fp8BitsRaw holds E4M3(b)·2^-120 for every byte b, as the AVX-512 and
+// AVX2 kernels decode it (read-only).
+var fp8BitsRaw = func() (t [256]float32) {
+	for i, v := range dtype.E4M3Table() {
+		t[i] = v / (fp8BitsX * fp8BitsOut)
+	}
+	return t
 }()
 
 // The wrappers below check, with one bounds check each, that the last
@@ -220,6 +242,14 @@ func fp8ToF32Asm(dst []float32, src []uint8, mul float32) {
 	fp8ToF32AVX512(&dst[0], &src[0], len(src), mul)
 }
 
+func fp8WidenAsm(dst []float32, src []uint8) {
+	if len(src) == 0 {
+		return
+	}
+	_ = dst[len(src)-1]
+	fp8WidenAVX512(&dst[0], &src[0], len(src))
+}
+
 func axpyAsm(y []float32, alpha float32, x []float32) {
 	_ = x[len(y)-1]
 	axpyAVX512(&y[0], alpha, &x[0], len(y))
@@ -337,6 +367,9 @@ func bf16ToF32AVX512(dst *float32, src *uint16, n int)
 
 //go:noescape
 func fp8ToF32AVX512(dst *float32, src *uint8, n int, mul float32)
+
+//go:noescape
+func fp8WidenAVX512(dst *float32, src *uint8, n int)
 
 //go:noescape
 func fmaPeakAVX512(iters int)

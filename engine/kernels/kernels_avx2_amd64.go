@@ -2,11 +2,7 @@
 
 package kernels
 
-import (
-	"golang.org/x/sys/cpu"
-
-	"github.com/stokehq/stoke/internal/dtype"
-)
+import "golang.org/x/sys/cpu"
 
 // avx2Kernels is the AVX2+FMA+F16C kernel set for CPUs without AVX-512,
 // or nil when the CPU lacks those too. The assembly handles whole vectors
@@ -43,7 +39,7 @@ var avx2Kernels = func() *Set {
 	ks.bf16ToF32 = bf16ToF32AVX2w
 	ks.fp8ToF32 = fp8ToF32AVX2w
 	ks.fp8Widen = fp8WidenAVX2w
-	ks.fp8X, ks.fp8Out = fp8XAVX2, fp8OutAVX2
+	ks.fp8X, ks.fp8Out = fp8BitsX, fp8BitsOut
 	ks.dot = dotAVX2w
 	ks.axpy = axpyAVX2w
 	ks.scale = scaleAVX2w
@@ -71,26 +67,8 @@ type avx2Ops[T weight] struct {
 var (
 	avx2F32  = &avx2Ops[float32]{4, f32GemvAVX2, f32Gemm2AVX2, nil, func(v float32) float32 { return v }}
 	avx2BF16 = &avx2Ops[uint16]{2, bf16GemvAVX2, bf16Gemm2AVX2, bf16Dot2x4AVX2, bf16}
-	avx2FP8  = &avx2Ops[uint8]{1, fp8GemvAVX2, fp8Gemm2AVX2, fp8Dot2x4AVX2, func(b uint8) float32 { return fp8RawAVX2[b] }}
+	avx2FP8  = &avx2Ops[uint8]{1, fp8GemvAVX2, fp8Gemm2AVX2, fp8Dot2x4AVX2, func(b uint8) float32 { return fp8BitsRaw[b] }}
 )
-
-// The AVX2 FP8 kernels decode a weight into the float32 at 2^-120 of its
-// value (E4M3's exponent bits put in float32's exponent field), which is
-// three instructions per 8 weights without a conversion; x is multiplied
-// by 2^64 before, and the raw products by 2^56 after.
-const (
-	fp8XAVX2   = 1 << 64
-	fp8OutAVX2 = 1 << 56
-)
-
-// fp8RawAVX2 holds E4M3(b)·2^-120 for every byte b, as the AVX2 kernels
-// decode it (read-only).
-var fp8RawAVX2 = func() (t [256]float32) {
-	for i, v := range dtype.E4M3Table() {
-		t[i] = v / (fp8XAVX2 * fp8OutAVX2)
-	}
-	return t
-}()
 
 // tail returns Σ x[j]*w[j] over the columns the assembly leaves out.
 func (o *avx2Ops[T]) tail(x []float32, w []T) float32 {
@@ -323,7 +301,7 @@ func fp8WidenAVX2w(dst []float32, src []uint8) {
 		fp8WidenAVX2(&dst[0], &src[0], nv)
 	}
 	for j, b := range src[nv:] {
-		dst[nv+j] = fp8RawAVX2[b]
+		dst[nv+j] = fp8BitsRaw[b]
 	}
 }
 

@@ -38,7 +38,7 @@
 // bits 30..27 but for bit 31. That is the float32 whose exponent field is
 // the E4M3 exponent, subnormals included, so the value is exact. The
 // products keep clear of float32's subnormals because the wrappers scale
-// x by 2^64 (fp8XAVX2).
+// x by 2^64 (fp8BitsX).
 #define FP8Y(mem, y) \
 	VPMOVSXBD mem, y; \
 	VPSLLD    $20, y, y; \
