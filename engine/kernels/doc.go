@@ -56,15 +56,14 @@
 //     each row once per product (Set.xStationary): with 512 KiB of L2
 //     (Zen 3) a block of x rows does not stay there. BF16 is decoded by
 //     widening to 32 bits and shifting left 16. FP8 E4M3FN is decoded
-//     exactly, subnormals included: on AVX-512 by sign-extending each byte
-//     to a word, shifting left 7 and masking with 0xBF80, which yields the
-//     IEEE half equal to the FP8 value / 256, widened by VCVTPH2PS; on
-//     AVX2 by sign-extending each byte to 32 bits, shifting left 20 and
-//     masking with 0x87F00000, which yields the float32 equal to the FP8
-//     value × 2^-120 in three instructions and no conversion (a fifth
-//     faster decode). Against that tiny unit the AVX2 products take x
-//     multiplied by 2^64, so they stay clear of float32's subnormals; the
-//     units are folded into the scales.
+//     exactly, subnormals included, by sign-extending each byte to 32
+//     bits, shifting left 20 and masking with 0x87F00000: the float32
+//     equal to the FP8 value × 2^-120, in three instructions and no
+//     conversion (a fifth faster decode on AVX2 than widening through
+//     VCVTPH2PS). Against that tiny unit the products take x multiplied
+//     by 2^64, so they stay clear of float32's subnormals, and the rest
+//     of the unit is folded into the scales. The portable set decodes
+//     through a table at 1/256 of the value.
 //   - FP8 per-tensor and per-row scales multiply the outputs. Block scales
 //     (Hugging Face fine-grained FP8, typically 128x128) are folded, for
 //     each block of BlockRows output rows, into a scaled copy of x (one
