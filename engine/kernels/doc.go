@@ -62,8 +62,10 @@
 //     conversion (a fifth faster decode on AVX2 than widening through
 //     VCVTPH2PS). Against that tiny unit the products take x multiplied
 //     by 2^64, so they stay clear of float32's subnormals, and the rest
-//     of the unit is folded into the scales. The portable set decodes
-//     through a table at 1/256 of the value.
+//     of the unit is folded into the scales; W widened into F32 is
+//     stored at 2^-56 of its value instead and multiplied by x as it is,
+//     which are the same products. The portable set decodes through a
+//     table at 1/256 of the value.
 //   - FP8 per-tensor and per-row scales multiply the outputs. Block scales
 //     (Hugging Face fine-grained FP8, typically 128x128) are folded, for
 //     each block of BlockRows output rows, into a scaled copy of x (one

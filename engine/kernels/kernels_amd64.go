@@ -32,7 +32,6 @@ var avx512Kernels = func() *Set {
 		fp8Gemm:     fp8GemmAsm,
 		bf16ToF32:   bf16ToF32Asm,
 		fp8ToF32:    fp8ToF32Asm,
-		fp8Widen:    fp8WidenAsm,
 		fp8X:        fp8BitsX,
 		fp8Out:      fp8BitsOut,
 		axpy:        axpyAsm,
@@ -242,14 +241,6 @@ func fp8ToF32Asm(dst []float32, src []uint8, mul float32) {
 	fp8ToF32AVX512(&dst[0], &src[0], len(src), mul)
 }
 
-func fp8WidenAsm(dst []float32, src []uint8) {
-	if len(src) == 0 {
-		return
-	}
-	_ = dst[len(src)-1]
-	fp8WidenAVX512(&dst[0], &src[0], len(src))
-}
-
 func axpyAsm(y []float32, alpha float32, x []float32) {
 	_ = x[len(y)-1]
 	axpyAVX512(&y[0], alpha, &x[0], len(y))
@@ -367,9 +358,6 @@ func bf16ToF32AVX512(dst *float32, src *uint16, n int)
 
 //go:noescape
 func fp8ToF32AVX512(dst *float32, src *uint8, n int, mul float32)
-
-//go:noescape
-func fp8WidenAVX512(dst *float32, src *uint8, n int)
 
 //go:noescape
 func fmaPeakAVX512(iters int)

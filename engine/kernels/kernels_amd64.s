@@ -809,37 +809,6 @@ cedone:
 	VZEROUPPER
 	RET
 
-// func fp8WidenAVX512(dst *float32, src *uint8, n int)
-// dst[j] = fp8(src[j]) * 2^-120, as FP8 decodes it.
-TEXT ·fp8WidenAVX512(SB), NOSPLIT, $0-24
-	MOVQ dst+0(FP), DI
-	MOVQ src+8(FP), SI
-	MOVQ n+16(FP), CX
-	FP8MASK
-	XORQ BX, BX
-	MOVQ CX, AX
-	ANDQ $-16, AX
-	JZ   cwtail
-
-cwloop:
-	FP8((SI)(BX*1), Z0)
-	VMOVUPS Z0, (DI)(BX*4)
-	ADDQ    $16, BX
-	CMPQ    BX, AX
-	JB      cwloop
-
-cwtail:
-	ANDQ $15, CX
-	JZ   cwdone
-	TAILMASK
-	VMOVDQU8.Z (SI)(BX*1), K1, X0
-	FP8(X0, Z0)
-	VMOVUPS    Z0, K1, (DI)(BX*4)
-
-cwdone:
-	VZEROUPPER
-	RET
-
 // func axpyAVX512(y *float32, alpha float32, x *float32, n int)
 // y[j] += alpha * x[j].
 TEXT ·axpyAVX512(SB), NOSPLIT, $0-32

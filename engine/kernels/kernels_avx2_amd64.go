@@ -38,7 +38,6 @@ var avx2Kernels = func() *Set {
 	ks.fmaPeak, ks.flopsPerIter = fmaPeakAVX2, 12*8*2
 	ks.bf16ToF32 = bf16ToF32AVX2w
 	ks.fp8ToF32 = fp8ToF32AVX2w
-	ks.fp8Widen = fp8WidenAVX2w
 	ks.fp8X, ks.fp8Out = fp8BitsX, fp8BitsOut
 	ks.dot = dotAVX2w
 	ks.axpy = axpyAVX2w
@@ -294,17 +293,6 @@ func fp8ToF32AVX2w(dst []float32, src []uint8, mul float32) {
 	fp8ToF32Go(dst[nv:], src[nv:], mul)
 }
 
-func fp8WidenAVX2w(dst []float32, src []uint8) {
-	dst = dst[:len(src)]
-	nv := len(src) &^ 7
-	if nv > 0 {
-		fp8WidenAVX2(&dst[0], &src[0], nv)
-	}
-	for j, b := range src[nv:] {
-		dst[nv+j] = fp8BitsRaw[b]
-	}
-}
-
 func expSumAVX2w(x []float32, shift float32) float32 {
 	return expSumAVX2(&x[0], len(x), shift)
 }
@@ -404,9 +392,6 @@ func bf16ToF32AVX2(dst *float32, src *uint16, n int)
 
 //go:noescape
 func fp8ToF32AVX2(dst *float32, src *uint8, n int, mul float32)
-
-//go:noescape
-func fp8WidenAVX2(dst *float32, src *uint8, n int)
 
 //go:noescape
 func f32TileRunAVX2(x *float32, xs, pairs int, w *float32, ws, k int, out *float32, os int)

@@ -1162,27 +1162,6 @@ e2fdone:
 	VZEROUPPER
 	RET
 
-// func fp8WidenAVX2(dst *float32, src *uint8, n int)
-// dst[j] = fp8(src[j]) * 2^-120, as FP8Y decodes it; n % 8 == 0.
-TEXT ·fp8WidenAVX2(SB), NOSPLIT, $0-24
-	MOVQ dst+0(FP), DI
-	MOVQ src+8(FP), SI
-	MOVQ n+16(FP), CX
-	FP8MASKY
-	XORQ BX, BX
-
-e2wloop:
-	CMPQ    BX, CX
-	JAE     e2wdone
-	FP8Y((SI)(BX*1), Y0)
-	VMOVUPS Y0, (DI)(BX*4)
-	ADDQ    $8, BX
-	JMP     e2wloop
-
-e2wdone:
-	VZEROUPPER
-	RET
-
 // func fmaPeakAVX2(iters int)
 // Runs 12 independent chains of VFMADD231PS, 12 per iteration: the FMA
 // throughput the arithmetic-bound kernels are measured against.

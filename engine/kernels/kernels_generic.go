@@ -15,7 +15,7 @@ import (
 // in elements between consecutive rows of x, w and out. FP8 dot products are
 // "raw": the caller multiplies x by fp8X first and the products by
 // fp8Out·scale after, since each set decodes FP8 at the fraction of its
-// value that suits its instructions (fp8Widen).
+// value that suits its instructions.
 type Set struct {
 	name string
 	// f32Dot4x4 stores Σ_j x[t*xs+j]*w[r*ws+j] into out[t*os+r] for t, r < 4
@@ -77,13 +77,10 @@ type Set struct {
 	bf16ToF32 func(dst []float32, src []uint16)
 	// fp8ToF32 stores E4M3(src[j])/fp8Unit*mul into dst[j]; len(dst) == len(src).
 	fp8ToF32 func(dst []float32, src []uint8, mul float32)
-	// fp8Widen stores into dst[j] the value the set's FP8 kernels decode
-	// src[j] to, E4M3(src[j])/(fp8X·fp8Out) exactly; len(dst) == len(src).
-	fp8Widen func(dst []float32, src []uint8)
-	// fp8X is the power of two x is multiplied by before FP8 products, so
-	// that products with fp8Widen's values stay clear of float32's
-	// subnormals; fp8Out is what the raw products are multiplied by (with
-	// the weights' scales) to give Σ x·E4M3(w).
+	// The FP8 kernels decode a weight to E4M3(w)/(fp8X·fp8Out) and take x
+	// multiplied by fp8X, a power of two that keeps their products clear
+	// of float32's subnormals; fp8Out is what their raw products are
+	// multiplied by (with the weights' scales) to give Σ x·E4M3(w).
 	fp8X, fp8Out float32
 	// axpy adds alpha*x to y; len(y) == len(x).
 	axpy func(y []float32, alpha float32, x []float32)
@@ -123,7 +120,6 @@ var genericKernels = Set{
 	fp8Dot1x4:   fp8Dot1x4Go,
 	bf16ToF32:   bf16ToF32Go,
 	fp8ToF32:    fp8ToF32Go,
-	fp8Widen:    fp8WidenGo,
 	fp8X:        1,
 	fp8Out:      fp8Unit,
 	axpy:        axpyGo,
@@ -261,8 +257,6 @@ func fp8ToF32Go(dst []float32, src []uint8, mul float32) {
 		dst[j] = fp8Raw[b] * mul
 	}
 }
-
-func fp8WidenGo(dst []float32, src []uint8) { fp8ToF32Go(dst, src, 1) }
 
 func axpyGo(y []float32, alpha float32, x []float32) {
 	x = x[:len(y)]
