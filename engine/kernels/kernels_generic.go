@@ -102,9 +102,9 @@ type Set struct {
 // run through a set's small-batch kernels.
 type batchLimits struct{ f32, bf16, fp8 int }
 
-// fp8Unit is what fp8ToF32 and the portable and AVX-512 FP8 kernels divide
-// E4M3 values by: they decode FP8 through half precision (or fp8Raw) at
-// 1/256 of its value, so that subnormals stay exact.
+// fp8Unit is what fp8ToF32 and the portable FP8 kernels divide E4M3 values
+// by: they decode FP8 through half precision (or fp8Raw) at 1/256 of its
+// value, where subnormals stay exact.
 const fp8Unit = 256
 
 // genericKernels is the portable implementation, used by purego builds, on
