@@ -5,10 +5,8 @@
 // AVX2+FMA+F16C kernels for CPUs without AVX-512. Vectors are 8 float32 in
 // a ymm register; there are only 16 of them, so tiles are 4x3 or 2x4.
 // Every kernel handles k (or n) rounded down to a multiple of 8;
-// the Go wrappers add the remaining columns. BF16 is decoded as in the
-// AVX-512 kernels (see kernels_amd64.s); FP8 is decoded without VCVTPH2PS,
-// into float32 at 2^-120 of its value (FP8Y), which takes a third fewer
-// instructions.
+// the Go wrappers add the remaining columns. Decoding is as in the AVX-512
+// kernels (see kernels_amd64.s).
 //
 // Every kernel that produces a row's dot product (4x3 and 2x4 tiles, GEMV,
 // GEMM2) sums it in the same order: one accumulator per output, 8-column
@@ -31,14 +29,8 @@
 	VPMOVZXWD mem, y; \
 	VPSLLD    $16, y, y
 
-// FP8Y loads 8 fp8 weights from mem and decodes them raw, at 2^-120 of
-// their value, into ymm y: each byte sign-extended to 32 bits and shifted
-// left 20 puts its sign, exponent and mantissa at bits 27..20, and the
-// mask 0x87F00000 (in every dword of Y15) clears the sign's copies at
-// bits 30..27 but for bit 31. That is the float32 whose exponent field is
-// the E4M3 exponent, subnormals included, so the value is exact. The
-// products keep clear of float32's subnormals because the wrappers scale
-// x by 2^64 (fp8BitsX).
+// FP8Y loads 8 fp8 weights from mem and decodes them (at 2^-120 of their
+// value) into ymm y. Needs the dword mask 0x87F00000 in Y15.
 #define FP8Y(mem, y) \
 	VPMOVSXBD mem, y; \
 	VPSLLD    $20, y, y; \
@@ -55,8 +47,7 @@
 // value into ymm y via its low half x: each byte sign-extended to a word,
 // shifted left 7 and masked with 0xBF80 (in every word of X15) is the IEEE
 // half of that value, which VCVTPH2PS widens. Only fp8ToF32AVX2 decodes
-// this way, since it multiplies the values (a multiplication with a
-// subnormal FP8Y value costs a microcode assist on AMD cores).
+// this way, since it multiplies the values.
 #define FP8HALFY(mem, x, y) \
 	VPMOVSXBW mem, x; \
 	VPSLLW    $7, x, x; \
@@ -313,12 +304,8 @@ e24loop:
 // FP8W16 loads the 16 fp8 weights at column BX of the row at base and
 // decodes them as FP8Y does into ymm lo (columns 0..7) and hi (8..15).
 #define FP8W16(base, lo, hi) \
-	VPMOVSXBD 0(base)(BX*1), lo; \
-	VPMOVSXBD 8(base)(BX*1), hi; \
-	VPSLLD    $20, lo, lo; \
-	VPSLLD    $20, hi, hi; \
-	VPAND     Y15, lo, lo; \
-	VPAND     Y15, hi, hi
+	FP8Y(0(base)(BX*1), lo); \
+	FP8Y(8(base)(BX*1), hi)
 
 // FP8GVSTEP is one 16-column step of a fp8 GEMV quad, prefetching with PF.
 // Each accumulator takes columns 0..7 before 8..15, as in the other steps.
