@@ -237,9 +237,10 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		done <- f.srv.Shutdown(ctx)
+		// No drain deadline of its own: on a loaded machine (the race pass
+		// over every package) a fixed one ran out before the gate opened,
+		// and a drain that never ends still fails at the test's timeout.
+		done <- f.srv.Shutdown(t.Context())
 	}()
 	waitFor(t, "new requests refused", func() bool {
 		status, _ := f.do(t, http.MethodPost, "/v1/completions", `{"prompt":"hi","max_tokens":2}`)
