@@ -38,6 +38,7 @@ var avx512Kernels = func() *Set {
 		scale:       scaleAsm,
 		scaleTo:     scaleToAsm,
 		expSum:      expSumAsm,
+		max:         maxAsm,
 		siluMul:     siluMulAsm,
 		addWeighted: addWeightedAsm,
 
@@ -258,6 +259,18 @@ func scaleToAsm(dst, src []float32, alpha float32) {
 	scaleToAVX512(&dst[0], &src[0], alpha, len(src))
 }
 
+func maxAsm(x []float32) float32 {
+	n16 := len(x) &^ 15
+	if n16 == 0 {
+		return maxGo(x)
+	}
+	m := maxAVX512(&x[0], n16)
+	if n16 < len(x) {
+		m = max(m, maxGo(x[n16:]))
+	}
+	return m
+}
+
 func expSumAsm(x []float32, shift float32) float32 {
 	return expSumAVX512(&x[0], len(x), shift)
 }
@@ -370,6 +383,9 @@ func scaleAVX512(y *float32, alpha float32, n int)
 
 //go:noescape
 func scaleToAVX512(dst *float32, src *float32, alpha float32, n int)
+
+//go:noescape
+func maxAVX512(x *float32, n int) float32
 
 //go:noescape
 func expSumAVX512(x *float32, n int, shift float32) float32

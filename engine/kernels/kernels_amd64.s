@@ -1615,3 +1615,49 @@ sttail:
 stdone:
 	VZEROUPPER
 	RET
+
+// func maxAVX512(x *float32, n int) float32
+// The largest of x[0..n), n % 16 == 0 and n > 0, four vectors per step.
+TEXT ·maxAVX512(SB), NOSPLIT, $0-20
+	MOVQ    x+0(FP), SI
+	MOVQ    n+8(FP), CX
+	VMOVUPS (SI), Z0
+	VMOVAPS Z0, Z1
+	VMOVAPS Z0, Z2
+	VMOVAPS Z0, Z3
+	MOVQ    CX, AX
+	ANDQ    $-64, AX
+	XORQ    BX, BX
+
+mz64:
+	CMPQ   BX, AX
+	JAE    mz16
+	VMAXPS (SI)(BX*4), Z0, Z0
+	VMAXPS 64(SI)(BX*4), Z1, Z1
+	VMAXPS 128(SI)(BX*4), Z2, Z2
+	VMAXPS 192(SI)(BX*4), Z3, Z3
+	ADDQ   $64, BX
+	JMP    mz64
+
+mz16:
+	CMPQ   BX, CX
+	JAE    mzdone
+	VMAXPS (SI)(BX*4), Z0, Z0
+	ADDQ   $16, BX
+	JMP    mz16
+
+mzdone:
+	VMAXPS        Z1, Z0, Z0
+	VMAXPS        Z3, Z2, Z2
+	VMAXPS        Z2, Z0, Z0
+	VEXTRACTF32X8 $1, Z0, Y1
+	VMAXPS        Y1, Y0, Y0
+	VEXTRACTF128  $1, Y0, X1
+	VMAXPS        X1, X0, X0
+	VPERMILPS     $0x4E, X0, X1
+	VMAXPS        X1, X0, X0
+	VPERMILPS     $0xB1, X0, X1
+	VMAXPS        X1, X0, X0
+	VMOVSS        X0, ret+16(FP)
+	VZEROUPPER
+	RET

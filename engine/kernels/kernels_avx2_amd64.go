@@ -45,6 +45,7 @@ var avx2Kernels = func() *Set {
 	ks.scaleTo = scaleToAVX2w
 	ks.expSum = expSumAVX2w
 	ks.siluMul = siluMulAVX2w
+	ks.max = maxAVX2w
 	ks.addWeighted = addWeightedAVX2w
 	return &ks
 }()
@@ -297,6 +298,18 @@ func expSumAVX2w(x []float32, shift float32) float32 {
 	return expSumAVX2(&x[0], len(x), shift)
 }
 
+func maxAVX2w(x []float32) float32 {
+	n8 := len(x) &^ 7
+	if n8 == 0 {
+		return maxGo(x)
+	}
+	m := maxAVX2(&x[0], n8)
+	if n8 < len(x) {
+		m = max(m, maxGo(x[n8:]))
+	}
+	return m
+}
+
 func siluMulAVX2w(gate, up []float32) {
 	_ = up[len(gate)-1]
 	siluMulAVX2(&gate[0], &up[0], len(gate))
@@ -398,6 +411,9 @@ func f32TileRunAVX2(x *float32, xs, pairs int, w *float32, ws, k int, out *float
 
 //go:noescape
 func expSumAVX2(x *float32, n int, shift float32) float32
+
+//go:noescape
+func maxAVX2(x *float32, n int) float32
 
 //go:noescape
 func siluMulAVX2(gate *float32, up *float32, n int)

@@ -1486,3 +1486,47 @@ st8:
 stdone:
 	VZEROUPPER
 	RET
+
+// func maxAVX2(x *float32, n int) float32
+// The largest of x[0..n), n % 8 == 0 and n > 0, four vectors per step.
+TEXT ·maxAVX2(SB), NOSPLIT, $0-20
+	MOVQ    x+0(FP), SI
+	MOVQ    n+8(FP), CX
+	VMOVUPS (SI), Y0
+	VMOVAPS Y0, Y1
+	VMOVAPS Y0, Y2
+	VMOVAPS Y0, Y3
+	MOVQ    CX, AX
+	ANDQ    $-32, AX
+	XORQ    BX, BX
+
+mx32:
+	CMPQ   BX, AX
+	JAE    mx8
+	VMAXPS (SI)(BX*4), Y0, Y0
+	VMAXPS 32(SI)(BX*4), Y1, Y1
+	VMAXPS 64(SI)(BX*4), Y2, Y2
+	VMAXPS 96(SI)(BX*4), Y3, Y3
+	ADDQ   $32, BX
+	JMP    mx32
+
+mx8:
+	CMPQ   BX, CX
+	JAE    mxdone
+	VMAXPS (SI)(BX*4), Y0, Y0
+	ADDQ   $8, BX
+	JMP    mx8
+
+mxdone:
+	VMAXPS       Y1, Y0, Y0
+	VMAXPS       Y3, Y2, Y2
+	VMAXPS       Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS       X1, X0, X0
+	VPERMILPS    $0x4E, X0, X1
+	VMAXPS       X1, X0, X0
+	VPERMILPS    $0xB1, X0, X1
+	VMAXPS       X1, X0, X0
+	VMOVSS       X0, ret+16(FP)
+	VZEROUPPER
+	RET

@@ -91,6 +91,9 @@ type Set struct {
 	// expSum replaces x[j] with exp(x[j]-shift) and returns their sum;
 	// len(x) > 0.
 	expSum func(x []float32, shift float32) float32
+	// max returns the largest element of x, which holds no NaN; len(x) > 0.
+	// Any order of comparisons gives the same value.
+	max func(x []float32) float32
 	// siluMul replaces gate[j] with silu(gate[j])*up[j]; len(up) >= len(gate) > 0.
 	siluMul func(gate, up []float32)
 	// addWeighted adds Σ_q p[r*ps+q]*v[q*vs+j] to out[r*os+j] for r < nr,
@@ -126,6 +129,7 @@ var genericKernels = Set{
 	scale:       scaleGo,
 	scaleTo:     scaleToGo,
 	expSum:      expSumGo,
+	max:         maxGo,
 	siluMul:     siluMulGo,
 	addWeighted: addWeightedGo,
 }
@@ -286,6 +290,19 @@ func expSumGo(x []float32, shift float32) float32 {
 		sum += e
 	}
 	return sum
+}
+
+func maxGo(x []float32) float32 {
+	inf := float32(math.Inf(-1))
+	m0, m1, m2, m3 := inf, inf, inf, inf
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		m0, m1, m2, m3 = max(m0, x[i]), max(m1, x[i+1]), max(m2, x[i+2]), max(m3, x[i+3])
+	}
+	for ; i < len(x); i++ {
+		m0 = max(m0, x[i])
+	}
+	return max(m0, m1, m2, m3)
 }
 
 func siluMulGo(gate, up []float32) {

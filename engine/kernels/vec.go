@@ -1,5 +1,7 @@
 package kernels
 
+import "math"
+
 // The vector helpers below run on the calling goroutine with the pool's
 // kernel set, so that everything one model computes comes from one set.
 
@@ -36,6 +38,15 @@ func (p *Pool) ExpSum(x []float32, shift float32) float32 {
 		return 0
 	}
 	return p.Kernels().expSum(x, shift)
+}
+
+// Max returns the largest element of x, which holds no NaN (-Inf when x
+// is empty): the shift of a softmax.
+func (p *Pool) Max(x []float32) float32 {
+	if len(x) == 0 {
+		return float32(math.Inf(-1))
+	}
+	return p.Kernels().max(x)
 }
 
 // SiLUMul replaces every gate[j] with silu(gate[j])·up[j], where

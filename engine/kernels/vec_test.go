@@ -231,6 +231,36 @@ func TestMulRows(t *testing.T) {
 	}
 }
 
+// TestMax checks every set's max against a plain loop, with the largest
+// element in every position of the vector, its vector-wide blocks and its
+// tail, among negatives and infinities.
+func TestMax(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, n := range vectorLengths[1:] {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = -rng.Float32()*100 - 1
+		}
+		if n > 3 {
+			x[1] = float32(math.Inf(-1))
+		}
+		for at := range n {
+			y := append([]float32(nil), x...)
+			y[at] = -0.5
+			for _, ks := range kernelSets() {
+				if got := ks.max(y); got != -0.5 {
+					t.Fatalf("%s max(len %d, largest at %d) = %g, want -0.5", ks.name, n, at, got)
+				}
+			}
+		}
+	}
+	p := newPool(1, kernelSets()[0])
+	defer p.Close()
+	if got := p.Max(nil); !math.IsInf(float64(got), -1) {
+		t.Fatalf("Max(nil) = %g, want -Inf", got)
+	}
+}
+
 func TestExpSumAndSiLUMul(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 4))
 	special := []float32{0, -0, 1, -1, 88, -87, -100, -1000, 90, 1e-8, -1e-8, 0.5, -0.5}

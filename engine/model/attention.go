@@ -138,32 +138,5 @@ func (m *Model) attend(l int, b *Batch, kv *kvcache.Cache, job attentionJob, kvH
 
 // softmax replaces x with exp(x - max) / Σ exp(x - max).
 func softmax(p *kernels.Pool, x []float32) {
-	p.Scale(x, 1/p.ExpSum(x, maxOf(x)))
-}
-
-// maxOf returns the largest element of x, which holds no NaN.
-func maxOf(x []float32) float32 {
-	inf := float32(math.Inf(-1))
-	m0, m1, m2, m3 := inf, inf, inf, inf
-	i := 0
-	for ; i+4 <= len(x); i += 4 {
-		if x[i] > m0 {
-			m0 = x[i]
-		}
-		if x[i+1] > m1 {
-			m1 = x[i+1]
-		}
-		if x[i+2] > m2 {
-			m2 = x[i+2]
-		}
-		if x[i+3] > m3 {
-			m3 = x[i+3]
-		}
-	}
-	for ; i < len(x); i++ {
-		if x[i] > m0 {
-			m0 = x[i]
-		}
-	}
-	return max(m0, m1, m2, m3)
+	p.Scale(x, 1/p.ExpSum(x, p.Max(x)))
 }
