@@ -95,7 +95,8 @@
 //     per step, so values are neither transposed nor summed across lanes.
 //     [Pool.ExpSum] and [Pool.SiLUMul] evaluate exp 16 lanes at a time (a Cephes
 //     polynomial scaled by VSCALEFPS; on AVX2, 8 lanes, the exponent
-//     added to the bits), for the softmax and for SwiGLU.
+//     added to the bits), for the softmax and for SwiGLU; [Pool.Max]
+//     gives the softmax its shift (VMAXPS, whose result no order changes).
 //
 // The avx2 set has 16 vector registers instead of 32: its tiles are 4x3
 // (twelve accumulators, so the FMA units never wait on one), run down a
