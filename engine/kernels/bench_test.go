@@ -292,3 +292,27 @@ func BenchmarkBatchStream(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkWiden times each set's widening of a 4096-weight FP8 and BF16
+// row into F32, as large products do for every W row they tile (GB/s of
+// the weights read).
+func BenchmarkWiden(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 4))
+	w8 := newMatrix(rng, weightKinds[2], 1, 4096).FP8
+	w16 := newMatrix(rng, weightKinds[1], 1, 4096).BF16
+	dst := make([]float32, 4096)
+	for _, ks := range kernelSets() {
+		b.Run("fp8/"+ks.name, func(b *testing.B) {
+			b.SetBytes(int64(len(w8)))
+			for b.Loop() {
+				ks.fp8ToF32(dst, w8, fp8Unit/ks.fp8Out)
+			}
+		})
+		b.Run("bf16/"+ks.name, func(b *testing.B) {
+			b.SetBytes(2 * int64(len(w16)))
+			for b.Loop() {
+				ks.bf16ToF32(dst, w16)
+			}
+		})
+	}
+}

@@ -93,20 +93,28 @@ func TestAXPYAndScale(t *testing.T) {
 }
 
 func TestFP8DecodeIsExact(t *testing.T) {
-	src := make([]uint8, 256)
-	for i := range src {
-		src[i] = uint8(i)
-	}
-	for _, ks := range kernelSets() {
-		for _, mul := range []float32{fp8Unit, fp8Unit * 0.37} {
-			dst := make([]float32, 256)
-			ks.fp8ToF32(dst, src, mul)
-			for b, got := range dst {
-				if b&0x7f == 0x7f {
-					continue // NaN codes: not used by quantised weights
+	// Every byte at every position of a whole step of the assembly's
+	// loops, and lengths that end in its shorter loops and the Go tail.
+	for _, n := range []int{256, 8, 40, 283} {
+		src := make([]uint8, n)
+		for i := range src {
+			src[i] = uint8(i*37 + n)
+		}
+		for _, ks := range kernelSets() {
+			for _, mul := range []float32{fp8Unit, fp8Unit * 0.37} {
+				dst := make([]float32, n+1)
+				dst[n] = 42
+				ks.fp8ToF32(dst[:n], src, mul)
+				for i, got := range dst[:n] {
+					if src[i]&0x7f == 0x7f {
+						continue // NaN codes: not used by quantised weights
+					}
+					if want := dtype.E4M3ToF32(src[i]) * (mul / fp8Unit); got != want {
+						t.Errorf("%s fp8ToF32(%#02x at %d of %d, mul %g) = %g, want %g", ks.name, src[i], i, n, mul, got, want)
+					}
 				}
-				if want := dtype.E4M3ToF32(uint8(b)) * (mul / fp8Unit); got != want {
-					t.Errorf("%s fp8ToF32(%#02x, mul %g) = %g, want %g", ks.name, b, mul, got, want)
+				if dst[n] != 42 {
+					t.Errorf("%s fp8ToF32(len %d) wrote past dst", ks.name, n)
 				}
 			}
 		}
