@@ -100,9 +100,12 @@
 //
 // The avx2 set has 16 vector registers instead of 32: its tiles are 4x3
 // (twelve accumulators, so the FMA units never wait on one), run down a
-// whole column of x rows per call, its small-batch kernels take
-// two x rows at a time and serve batches up to 8 (FP8) or 16 tokens, past
-// which widening W once beats decoding it for every pair of x rows.
+// whole column of x rows per call, and its small-batch kernels serve
+// batches up to 16 tokens, past which widening W once beats decoding it in
+// registers: four x rows against two W rows at a time (eight
+// accumulators), so each W vector is decoded once per four x rows, read
+// from L1 as the FMAs' memory operands; F32, and the last two or three
+// rows of a batch, take two x rows against four W rows.
 //
 // On the 2-core Zen 4 development machine one core reaches about 90-100
 // GFLOP/s on F32 prefill (peak 117), and decode streams weights at close

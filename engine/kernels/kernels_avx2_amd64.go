@@ -29,9 +29,11 @@ var avx2Kernels = func() *Set {
 	ks.bf16Gemm = avx2BF16.gemm
 	ks.fp8Gemm = avx2FP8.gemm
 	// Measured with weights streamed from memory (BenchmarkBatchStream):
-	// from these batch sizes on, decoding W once into F32 and running the
-	// F32 tiles beats decoding it in registers for every two x rows.
-	ks.gemmMax = batchLimits{f32: 16, bf16: 16, fp8: 8}
+	// past these batch sizes, decoding W once into F32 and running the F32
+	// tiles beats decoding it in registers for every four x rows (FP8 at 16
+	// tokens on Zen 5: 2.9-3.1 GB/s of weights in registers, 2.4-2.5
+	// widened; at 64, 0.75 against 0.83).
+	ks.gemmMax = batchLimits{f32: 16, bf16: 16, fp8: 16}
 	ks.f32TileRun = f32TilesAVX2w
 	ks.widenTiles = true
 	ks.xStationary = true
@@ -61,13 +63,17 @@ type avx2Ops[T weight] struct {
 	gemvK func(x *float32, w *T, ws, k, quads int, out *float32, pf int, far bool)
 	gemmK func(x0, x1 *float32, w *T, ws, k, quads int, out *float32, os, pf int, far bool)
 	tileK func(x *float32, xs int, w *T, ws, k int, out *float32, os int)
-	dec   func(T) float32
+	// gemm4K, where a type has it, multiplies four x rows by pairs of W
+	// rows, decoding each W vector once for the four.
+	gemm4K func(x *float32, xs int, w *T, ws, k, pairs int, out *float32, os, pf int, far bool)
+	dec    func(T) float32
 }
 
 var (
-	avx2F32  = &avx2Ops[float32]{4, f32GemvAVX2, f32Gemm2AVX2, nil, func(v float32) float32 { return v }}
-	avx2BF16 = &avx2Ops[uint16]{2, bf16GemvAVX2, bf16Gemm2AVX2, bf16Dot2x4AVX2, bf16}
-	avx2FP8  = &avx2Ops[uint8]{1, fp8GemvAVX2, fp8Gemm2AVX2, fp8Dot2x4AVX2, func(b uint8) float32 { return fp8BitsRaw[b] }}
+	avx2F32  = &avx2Ops[float32]{size: 4, gemvK: f32GemvAVX2, gemmK: f32Gemm2AVX2, dec: func(v float32) float32 { return v }}
+	avx2BF16 = &avx2Ops[uint16]{size: 2, gemvK: bf16GemvAVX2, gemmK: bf16Gemm2AVX2, tileK: bf16Dot2x4AVX2, gemm4K: bf16Gemm4AVX2, dec: bf16}
+	avx2FP8  = &avx2Ops[uint8]{size: 1, gemvK: fp8GemvAVX2, gemmK: fp8Gemm2AVX2, tileK: fp8Dot2x4AVX2, gemm4K: fp8Gemm4AVX2,
+		dec: func(b uint8) float32 { return fp8BitsRaw[b] }}
 )
 
 // tail returns Σ x[j]*w[j] over the columns the assembly leaves out.
@@ -114,8 +120,13 @@ func (o *avx2Ops[T]) gemv(x []float32, w []T, ws, k, rows int, out []float32) {
 }
 
 // gemm stores Σ_j x[t*xs+j]*W[r][j] into out[t*os+r] for t < nx (1 to 4)
-// and r < rows, two x rows per GEMM2 call.
+// and r < rows: four x rows through gemm4 where the type has it, else two
+// x rows per GEMM2 call.
 func (o *avx2Ops[T]) gemm(x []float32, xs, nx int, w []T, ws, k, rows int, out []float32, os int) {
+	if nx == 4 && o.gemm4K != nil {
+		o.gemm4(x, xs, w, ws, k, rows, out, os)
+		return
+	}
 	for t := 0; t < nx; t += 2 {
 		if t+1 == nx {
 			o.gemv(x[t*xs:], w, ws, k, rows, out[t*os:])
@@ -145,6 +156,32 @@ func (o *avx2Ops[T]) gemm2(x []float32, xs int, w []T, ws, k, rows int, out []fl
 		}
 	}
 	o.addTails(x, xs, 2, w, ws, kv, k, rows, out, os)
+}
+
+// gemm4 is gemm for four x rows, W rows two at a time; a last odd row
+// runs as a pair of that row repeated, which sums it as pairs are summed.
+func (o *avx2Ops[T]) gemm4(x []float32, xs int, w []T, ws, k, rows int, out []float32, os int) {
+	_, _, _ = x[3*xs+k-1], w[(rows-1)*ws+k-1], out[3*os+rows-1]
+	kv, pairs := k&^7, rows/2
+	if kv == 0 {
+		for t := range 4 {
+			clear(out[t*os : t*os+rows])
+		}
+	} else {
+		pf, far := gemvPrefetch(ws, o.size)
+		far = far || pf+4*k*4 > gemmNear
+		if pairs > 0 {
+			o.gemm4K(&x[0], xs, &w[0], ws, kv, pairs, &out[0], os, pf, far)
+		}
+		if r := rows - 1; rows%2 == 1 {
+			var one [8]float32
+			o.gemm4K(&x[0], xs, &w[r*ws], 0, kv, 1, &one[0], 2, 0, false)
+			for t := range 4 {
+				out[t*os+r] = one[2*t]
+			}
+		}
+	}
+	o.addTails(x, xs, 4, w, ws, kv, k, rows, out, os)
 }
 
 // tile4x4 stores the products of four x rows with four W rows.
@@ -396,6 +433,12 @@ func f32Gemm2AVX2(x0, x1 *float32, w *float32, ws, k, quads int, out *float32, o
 
 //go:noescape
 func bf16Gemm2AVX2(x0, x1 *float32, w *uint16, ws, k, quads int, out *float32, os, pf int, far bool)
+
+//go:noescape
+func bf16Gemm4AVX2(x *float32, xs int, w *uint16, ws, k, pairs int, out *float32, os, pf int, far bool)
+
+//go:noescape
+func fp8Gemm4AVX2(x *float32, xs int, w *uint8, ws, k, pairs int, out *float32, os, pf int, far bool)
 
 //go:noescape
 func fp8Gemm2AVX2(x0, x1 *float32, w *uint8, ws, k, quads int, out *float32, os, pf int, far bool)

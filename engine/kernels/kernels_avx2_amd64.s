@@ -737,6 +737,175 @@ fg2store:
 	VZEROUPPER
 	RET
 
+// FP8G4BLOCK multiplies the 8 columns at column off of
+// four x rows (SI, R10, R11, R13) by two W rows (DI, R9), decoded into
+// wa and wb, into accumulators Y0-Y7 (x row t, W row r in Y(2t+r)).
+#define FP8G4BLOCK(off, wa, wb) \
+	FP8Y(off(DI)(BX*1), wa); \
+	FP8Y(off(R9)(BX*1), wb); \
+	VFMADD231PS (off*4)(SI)(BX*4), wa, Y0; \
+	VFMADD231PS (off*4)(SI)(BX*4), wb, Y1; \
+	VFMADD231PS (off*4)(R10)(BX*4), wa, Y2; \
+	VFMADD231PS (off*4)(R10)(BX*4), wb, Y3; \
+	VFMADD231PS (off*4)(R11)(BX*4), wa, Y4; \
+	VFMADD231PS (off*4)(R11)(BX*4), wb, Y5; \
+	VFMADD231PS (off*4)(R13)(BX*4), wa, Y6; \
+	VFMADD231PS (off*4)(R13)(BX*4), wb, Y7
+
+// FP8G4STEP is one 16-column step of a fp8 GEMM4 pair, prefetching with PF.
+#define FP8G4STEP(PF) \
+	PF 0(R12); \
+	ADDQ $32, R12; \
+	FP8G4BLOCK(0, Y8, Y9); \
+	FP8G4BLOCK(8, Y10, Y11)
+
+// func fp8Gemm4AVX2(x *float32, xs int, w *uint8, ws, k, pairs int, out *float32, os, pf int, far bool)
+// out[t*os+r] = Σ_j x[t*xs+j] * W[r][j] (raw) for t < 4, r < 2*pairs;
+// k % 8 == 0: four x rows against pairs of W rows, each W vector decoded
+// once for all four (GEMM2 decodes it for two), x read from L1 as the
+// FMAs' memory operands. A pair with ws = 0 computes one row twice.
+TEXT ·fp8Gemm4AVX2(SB), NOSPLIT, $0-73
+	MOVQ x+0(FP), SI
+	MOVQ xs+8(FP), DX
+	SHLQ $2, DX
+	LEAQ (SI)(DX*1), R10
+	LEAQ (SI)(DX*2), R11
+	LEAQ (R10)(DX*2), R13
+	MOVQ w+16(FP), DI
+	MOVQ ws+24(FP), DX
+	MOVQ k+32(FP), CX
+	MOVQ pairs+40(FP), R8
+	MOVQ out+48(FP), R14
+	FP8MASKY
+	MOVQ CX, AX
+	ANDQ $-16, AX
+fg4pair:
+	LEAQ (DI)(DX*1), R9
+	ZERO8Y
+	XORQ BX, BX
+	MOVQ pf+64(FP), R12
+	ADDQ DI, R12
+	CMPQ BX, AX
+	JAE fg4one
+	CMPB far+72(FP), $0
+	JNE fg4loop1
+fg4loop0:
+	FP8G4STEP(PREFETCHT0)
+	ADDQ $16, BX
+	CMPQ BX, AX
+	JB fg4loop0
+	JMP fg4one
+fg4loop1:
+	FP8G4STEP(PREFETCHT1)
+	ADDQ $16, BX
+	CMPQ BX, AX
+	JB fg4loop1
+fg4one:
+	CMPQ BX, CX
+	JAE fg4store
+	FP8G4BLOCK(0, Y8, Y9)
+fg4store:
+	MOVQ os+56(FP), R12
+	SHLQ $2, R12
+	HSUM4(Y0, Y1, Y2, Y3, X0, X8)
+	HSUM4(Y4, Y5, Y6, Y7, X4, X8)
+	MOVQ R14, BX
+	VMOVSD X0, (BX)
+	ADDQ R12, BX
+	VMOVHPS X0, (BX)
+	ADDQ R12, BX
+	VMOVSD X4, (BX)
+	ADDQ R12, BX
+	VMOVHPS X4, (BX)
+	ADDQ $8, R14
+	LEAQ (DI)(DX*2), DI
+	DECQ R8
+	JNZ fg4pair
+	VZEROUPPER
+	RET
+
+// BF16G4BLOCK is FP8G4BLOCK for BF16 weights, at column off.
+#define BF16G4BLOCK(off, wa, wb) \
+	BF16Y((off*2)(DI)(BX*2), wa); \
+	BF16Y((off*2)(R9)(BX*2), wb); \
+	VFMADD231PS (off*4)(SI)(BX*4), wa, Y0; \
+	VFMADD231PS (off*4)(SI)(BX*4), wb, Y1; \
+	VFMADD231PS (off*4)(R10)(BX*4), wa, Y2; \
+	VFMADD231PS (off*4)(R10)(BX*4), wb, Y3; \
+	VFMADD231PS (off*4)(R11)(BX*4), wa, Y4; \
+	VFMADD231PS (off*4)(R11)(BX*4), wb, Y5; \
+	VFMADD231PS (off*4)(R13)(BX*4), wa, Y6; \
+	VFMADD231PS (off*4)(R13)(BX*4), wb, Y7
+
+// BF16G4STEP is one 16-column step of a bf16 GEMM4 pair, prefetching with PF.
+#define BF16G4STEP(PF) \
+	PF 0(R12); \
+	ADDQ $64, R12; \
+	BF16G4BLOCK(0, Y8, Y9); \
+	BF16G4BLOCK(8, Y10, Y11)
+
+// func bf16Gemm4AVX2(x *float32, xs int, w *uint16, ws, k, pairs int, out *float32, os, pf int, far bool)
+// fp8Gemm4AVX2 for BF16 weights.
+TEXT ·bf16Gemm4AVX2(SB), NOSPLIT, $0-73
+	MOVQ x+0(FP), SI
+	MOVQ xs+8(FP), DX
+	SHLQ $2, DX
+	LEAQ (SI)(DX*1), R10
+	LEAQ (SI)(DX*2), R11
+	LEAQ (R10)(DX*2), R13
+	MOVQ w+16(FP), DI
+	MOVQ ws+24(FP), DX
+	SHLQ $1, DX
+	MOVQ k+32(FP), CX
+	MOVQ pairs+40(FP), R8
+	MOVQ out+48(FP), R14
+	MOVQ CX, AX
+	ANDQ $-16, AX
+bg4pair:
+	LEAQ (DI)(DX*1), R9
+	ZERO8Y
+	XORQ BX, BX
+	MOVQ pf+64(FP), R12
+	ADDQ DI, R12
+	CMPQ BX, AX
+	JAE bg4one
+	CMPB far+72(FP), $0
+	JNE bg4loop1
+bg4loop0:
+	BF16G4STEP(PREFETCHT0)
+	ADDQ $16, BX
+	CMPQ BX, AX
+	JB bg4loop0
+	JMP bg4one
+bg4loop1:
+	BF16G4STEP(PREFETCHT1)
+	ADDQ $16, BX
+	CMPQ BX, AX
+	JB bg4loop1
+bg4one:
+	CMPQ BX, CX
+	JAE bg4store
+	BF16G4BLOCK(0, Y8, Y9)
+bg4store:
+	MOVQ os+56(FP), R12
+	SHLQ $2, R12
+	HSUM4(Y0, Y1, Y2, Y3, X0, X8)
+	HSUM4(Y4, Y5, Y6, Y7, X4, X8)
+	MOVQ R14, BX
+	VMOVSD X0, (BX)
+	ADDQ R12, BX
+	VMOVHPS X0, (BX)
+	ADDQ R12, BX
+	VMOVSD X4, (BX)
+	ADDQ R12, BX
+	VMOVHPS X4, (BX)
+	ADDQ $8, R14
+	LEAQ (DI)(DX*2), DI
+	DECQ R8
+	JNZ bg4pair
+	VZEROUPPER
+	RET
+
 // func f32TileRunAVX2(x *float32, xs, pairs int, w *float32, ws, k int, out *float32, os int)
 // out[t*os+r] = Σ_j x[t*xs+j] * w[r*ws+j] for t < 2*pairs, r < 4; k % 8 == 0:
 // the 2x4 tiles of a run of x row pairs against one quad of W rows, which
