@@ -104,8 +104,8 @@
 // batches up to 16 tokens, past which widening W once beats decoding it in
 // registers: four x rows against two W rows at a time (eight
 // accumulators), so each W vector is decoded once per four x rows, read
-// from L1 as the FMAs' memory operands; F32, and the last two or three
-// rows of a batch, take two x rows against four W rows.
+// from L1 as the FMAs' memory operands; the last two or three rows of a
+// batch take two x rows against four W rows.
 //
 // On the 2-core Zen 4 development machine one core reaches about 90-100
 // GFLOP/s on F32 prefill (peak 117), and decode streams weights at close

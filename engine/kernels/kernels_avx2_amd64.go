@@ -63,14 +63,14 @@ type avx2Ops[T weight] struct {
 	gemvK func(x *float32, w *T, ws, k, quads int, out *float32, pf int, far bool)
 	gemmK func(x0, x1 *float32, w *T, ws, k, quads int, out *float32, os, pf int, far bool)
 	tileK func(x *float32, xs int, w *T, ws, k int, out *float32, os int)
-	// gemm4K, where a type has it, multiplies four x rows by pairs of W
-	// rows, decoding each W vector once for the four.
+	// gemm4K multiplies four x rows by pairs of W rows, loading (and for
+	// BF16 and FP8 decoding) each W vector once for the four.
 	gemm4K func(x *float32, xs int, w *T, ws, k, pairs int, out *float32, os, pf int, far bool)
 	dec    func(T) float32
 }
 
 var (
-	avx2F32  = &avx2Ops[float32]{size: 4, gemvK: f32GemvAVX2, gemmK: f32Gemm2AVX2, dec: func(v float32) float32 { return v }}
+	avx2F32  = &avx2Ops[float32]{size: 4, gemvK: f32GemvAVX2, gemmK: f32Gemm2AVX2, gemm4K: f32Gemm4AVX2, dec: func(v float32) float32 { return v }}
 	avx2BF16 = &avx2Ops[uint16]{size: 2, gemvK: bf16GemvAVX2, gemmK: bf16Gemm2AVX2, tileK: bf16Dot2x4AVX2, gemm4K: bf16Gemm4AVX2, dec: bf16}
 	avx2FP8  = &avx2Ops[uint8]{size: 1, gemvK: fp8GemvAVX2, gemmK: fp8Gemm2AVX2, tileK: fp8Dot2x4AVX2, gemm4K: fp8Gemm4AVX2,
 		dec: func(b uint8) float32 { return fp8BitsRaw[b] }}
@@ -120,10 +120,9 @@ func (o *avx2Ops[T]) gemv(x []float32, w []T, ws, k, rows int, out []float32) {
 }
 
 // gemm stores Σ_j x[t*xs+j]*W[r][j] into out[t*os+r] for t < nx (1 to 4)
-// and r < rows: four x rows through gemm4 where the type has it, else two
-// x rows per GEMM2 call.
+// and r < rows: four x rows through gemm4, else two x rows per GEMM2 call.
 func (o *avx2Ops[T]) gemm(x []float32, xs, nx int, w []T, ws, k, rows int, out []float32, os int) {
-	if nx == 4 && o.gemm4K != nil {
+	if nx == 4 {
 		o.gemm4(x, xs, w, ws, k, rows, out, os)
 		return
 	}
@@ -433,6 +432,9 @@ func f32Gemm2AVX2(x0, x1 *float32, w *float32, ws, k, quads int, out *float32, o
 
 //go:noescape
 func bf16Gemm2AVX2(x0, x1 *float32, w *uint16, ws, k, quads int, out *float32, os, pf int, far bool)
+
+//go:noescape
+func f32Gemm4AVX2(x *float32, xs int, w *float32, ws, k, pairs int, out *float32, os, pf int, far bool)
 
 //go:noescape
 func bf16Gemm4AVX2(x *float32, xs int, w *uint16, ws, k, pairs int, out *float32, os, pf int, far bool)

@@ -906,6 +906,89 @@ bg4store:
 	VZEROUPPER
 	RET
 
+// F32G4BLOCK is FP8G4BLOCK for F32 weights, at column off.
+#define F32G4BLOCK(off, wa, wb) \
+	VMOVUPS (off*4)(DI)(BX*4), wa; \
+	VMOVUPS (off*4)(R9)(BX*4), wb; \
+	VFMADD231PS (off*4)(SI)(BX*4), wa, Y0; \
+	VFMADD231PS (off*4)(SI)(BX*4), wb, Y1; \
+	VFMADD231PS (off*4)(R10)(BX*4), wa, Y2; \
+	VFMADD231PS (off*4)(R10)(BX*4), wb, Y3; \
+	VFMADD231PS (off*4)(R11)(BX*4), wa, Y4; \
+	VFMADD231PS (off*4)(R11)(BX*4), wb, Y5; \
+	VFMADD231PS (off*4)(R13)(BX*4), wa, Y6; \
+	VFMADD231PS (off*4)(R13)(BX*4), wb, Y7
+
+// F32G4STEP is one 16-column step of a f32 GEMM4 pair, prefetching with PF.
+#define F32G4STEP(PF) \
+	PF 0(R12); \
+	PF 64(R12); \
+	ADDQ $128, R12; \
+	F32G4BLOCK(0, Y8, Y9); \
+	F32G4BLOCK(8, Y10, Y11)
+
+// func f32Gemm4AVX2(x *float32, xs int, w *float32, ws, k, pairs int, out *float32, os, pf int, far bool)
+// fp8Gemm4AVX2 for F32 weights.
+TEXT ·f32Gemm4AVX2(SB), NOSPLIT, $0-73
+	MOVQ x+0(FP), SI
+	MOVQ xs+8(FP), DX
+	SHLQ $2, DX
+	LEAQ (SI)(DX*1), R10
+	LEAQ (SI)(DX*2), R11
+	LEAQ (R10)(DX*2), R13
+	MOVQ w+16(FP), DI
+	MOVQ ws+24(FP), DX
+	SHLQ $2, DX
+	MOVQ k+32(FP), CX
+	MOVQ pairs+40(FP), R8
+	MOVQ out+48(FP), R14
+	MOVQ CX, AX
+	ANDQ $-16, AX
+f4gpair:
+	LEAQ (DI)(DX*1), R9
+	ZERO8Y
+	XORQ BX, BX
+	MOVQ pf+64(FP), R12
+	ADDQ DI, R12
+	CMPQ BX, AX
+	JAE f4gone
+	CMPB far+72(FP), $0
+	JNE f4gloop1
+f4gloop0:
+	F32G4STEP(PREFETCHT0)
+	ADDQ $16, BX
+	CMPQ BX, AX
+	JB f4gloop0
+	JMP f4gone
+f4gloop1:
+	F32G4STEP(PREFETCHT1)
+	ADDQ $16, BX
+	CMPQ BX, AX
+	JB f4gloop1
+f4gone:
+	CMPQ BX, CX
+	JAE f4gstore
+	F32G4BLOCK(0, Y8, Y9)
+f4gstore:
+	MOVQ os+56(FP), R12
+	SHLQ $2, R12
+	HSUM4(Y0, Y1, Y2, Y3, X0, X8)
+	HSUM4(Y4, Y5, Y6, Y7, X4, X8)
+	MOVQ R14, BX
+	VMOVSD X0, (BX)
+	ADDQ R12, BX
+	VMOVHPS X0, (BX)
+	ADDQ R12, BX
+	VMOVSD X4, (BX)
+	ADDQ R12, BX
+	VMOVHPS X4, (BX)
+	ADDQ $8, R14
+	LEAQ (DI)(DX*2), DI
+	DECQ R8
+	JNZ f4gpair
+	VZEROUPPER
+	RET
+
 // func f32TileRunAVX2(x *float32, xs, pairs int, w *float32, ws, k int, out *float32, os int)
 // out[t*os+r] = Σ_j x[t*xs+j] * w[r*ws+j] for t < 2*pairs, r < 4; k % 8 == 0:
 // the 2x4 tiles of a run of x row pairs against one quad of W rows, which
