@@ -259,14 +259,18 @@ func scaleToAsm(dst, src []float32, alpha float32) {
 	scaleToAVX512(&dst[0], &src[0], alpha, len(src))
 }
 
-func maxAsm(x []float32) float32 {
-	n16 := len(x) &^ 15
-	if n16 == 0 {
+func maxAsm(x []float32) float32 { return maxVectors(x, 16, maxAVX512) }
+
+// maxVectors returns the largest element of x: whole vectors of width
+// elements through the assembly kernel vmax, the rest in Go.
+func maxVectors(x []float32, width int, vmax func(x *float32, n int) float32) float32 {
+	nv := len(x) / width * width
+	if nv == 0 {
 		return maxGo(x)
 	}
-	m := maxAVX512(&x[0], n16)
-	if n16 < len(x) {
-		m = max(m, maxGo(x[n16:]))
+	m := vmax(&x[0], nv)
+	if nv < len(x) {
+		m = max(m, maxGo(x[nv:]))
 	}
 	return m
 }

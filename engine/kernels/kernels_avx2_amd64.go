@@ -334,17 +334,7 @@ func expSumAVX2w(x []float32, shift float32) float32 {
 	return expSumAVX2(&x[0], len(x), shift)
 }
 
-func maxAVX2w(x []float32) float32 {
-	n8 := len(x) &^ 7
-	if n8 == 0 {
-		return maxGo(x)
-	}
-	m := maxAVX2(&x[0], n8)
-	if n8 < len(x) {
-		m = max(m, maxGo(x[n8:]))
-	}
-	return m
-}
+func maxAVX2w(x []float32) float32 { return maxVectors(x, 8, maxAVX2) }
 
 func siluMulAVX2w(gate, up []float32) {
 	_ = up[len(gate)-1]

@@ -24,6 +24,52 @@
 	VEXTRACTF128 $1, ya, xt; \
 	VADDPS       xt, xa, xa
 
+// G4ARGS loads the GEMM4 kernels' arguments: x rows SI, R10, R11, R13;
+// W at DI, rows DX bytes apart (ws << wshift); CX = k; R8 the pairs; R14
+// out.
+#define G4ARGS(wshift) \
+	MOVQ x+0(FP), SI; \
+	MOVQ xs+8(FP), DX; \
+	SHLQ $2, DX; \
+	LEAQ (SI)(DX*1), R10; \
+	LEAQ (SI)(DX*2), R11; \
+	LEAQ (R10)(DX*2), R13; \
+	MOVQ w+16(FP), DI; \
+	MOVQ ws+24(FP), DX; \
+	SHLQ $wshift, DX; \
+	MOVQ k+32(FP), CX; \
+	MOVQ pairs+40(FP), R8; \
+	MOVQ out+48(FP), R14
+
+// G4FMA multiplies the 8 columns at column off of the four x rows by the
+// decoded W vectors wa, wb into Y(2t+r) (x row t, W row r).
+#define G4FMA(off, wa, wb) \
+	VFMADD231PS (off*4)(SI)(BX*4), wa, Y0; \
+	VFMADD231PS (off*4)(SI)(BX*4), wb, Y1; \
+	VFMADD231PS (off*4)(R10)(BX*4), wa, Y2; \
+	VFMADD231PS (off*4)(R10)(BX*4), wb, Y3; \
+	VFMADD231PS (off*4)(R11)(BX*4), wa, Y4; \
+	VFMADD231PS (off*4)(R11)(BX*4), wb, Y5; \
+	VFMADD231PS (off*4)(R13)(BX*4), wa, Y6; \
+	VFMADD231PS (off*4)(R13)(BX*4), wb, Y7
+
+// G4STORE reduces a GEMM4 pair's accumulators and stores its two sums of
+// each x row at R14 + t*os, then steps R14 past them.
+#define G4STORE \
+	MOVQ os+56(FP), R12; \
+	SHLQ $2, R12; \
+	HSUM4(Y0, Y1, Y2, Y3, X0, X8); \
+	HSUM4(Y4, Y5, Y6, Y7, X4, X8); \
+	MOVQ R14, BX; \
+	VMOVSD X0, (BX); \
+	ADDQ R12, BX; \
+	VMOVHPS X0, (BX); \
+	ADDQ R12, BX; \
+	VMOVSD X4, (BX); \
+	ADDQ R12, BX; \
+	VMOVHPS X4, (BX); \
+	ADDQ $8, R14
+
 // BF16Y loads 8 bf16 weights from mem and widens them into ymm y.
 #define BF16Y(mem, y) \
 	VPMOVZXWD mem, y; \
@@ -737,20 +783,12 @@ fg2store:
 	VZEROUPPER
 	RET
 
-// FP8G4BLOCK multiplies the 8 columns at column off of
-// four x rows (SI, R10, R11, R13) by two W rows (DI, R9), decoded into
-// wa and wb, into accumulators Y0-Y7 (x row t, W row r in Y(2t+r)).
+// FP8G4BLOCK decodes the 8 columns at column off of W rows DI and R9 into
+// wa and wb and multiplies them by the four x rows (G4FMA).
 #define FP8G4BLOCK(off, wa, wb) \
 	FP8Y(off(DI)(BX*1), wa); \
 	FP8Y(off(R9)(BX*1), wb); \
-	VFMADD231PS (off*4)(SI)(BX*4), wa, Y0; \
-	VFMADD231PS (off*4)(SI)(BX*4), wb, Y1; \
-	VFMADD231PS (off*4)(R10)(BX*4), wa, Y2; \
-	VFMADD231PS (off*4)(R10)(BX*4), wb, Y3; \
-	VFMADD231PS (off*4)(R11)(BX*4), wa, Y4; \
-	VFMADD231PS (off*4)(R11)(BX*4), wb, Y5; \
-	VFMADD231PS (off*4)(R13)(BX*4), wa, Y6; \
-	VFMADD231PS (off*4)(R13)(BX*4), wb, Y7
+	G4FMA(off, wa, wb)
 
 // FP8G4STEP is one 16-column step of a fp8 GEMM4 pair, prefetching with PF.
 #define FP8G4STEP(PF) \
@@ -765,17 +803,7 @@ fg2store:
 // once for all four (GEMM2 decodes it for two), x read from L1 as the
 // FMAs' memory operands. A pair with ws = 0 computes one row twice.
 TEXT ·fp8Gemm4AVX2(SB), NOSPLIT, $0-73
-	MOVQ x+0(FP), SI
-	MOVQ xs+8(FP), DX
-	SHLQ $2, DX
-	LEAQ (SI)(DX*1), R10
-	LEAQ (SI)(DX*2), R11
-	LEAQ (R10)(DX*2), R13
-	MOVQ w+16(FP), DI
-	MOVQ ws+24(FP), DX
-	MOVQ k+32(FP), CX
-	MOVQ pairs+40(FP), R8
-	MOVQ out+48(FP), R14
+	G4ARGS(0)
 	FP8MASKY
 	MOVQ CX, AX
 	ANDQ $-16, AX
@@ -805,19 +833,7 @@ fg4one:
 	JAE fg4store
 	FP8G4BLOCK(0, Y8, Y9)
 fg4store:
-	MOVQ os+56(FP), R12
-	SHLQ $2, R12
-	HSUM4(Y0, Y1, Y2, Y3, X0, X8)
-	HSUM4(Y4, Y5, Y6, Y7, X4, X8)
-	MOVQ R14, BX
-	VMOVSD X0, (BX)
-	ADDQ R12, BX
-	VMOVHPS X0, (BX)
-	ADDQ R12, BX
-	VMOVSD X4, (BX)
-	ADDQ R12, BX
-	VMOVHPS X4, (BX)
-	ADDQ $8, R14
+	G4STORE
 	LEAQ (DI)(DX*2), DI
 	DECQ R8
 	JNZ fg4pair
@@ -828,14 +844,7 @@ fg4store:
 #define BF16G4BLOCK(off, wa, wb) \
 	BF16Y((off*2)(DI)(BX*2), wa); \
 	BF16Y((off*2)(R9)(BX*2), wb); \
-	VFMADD231PS (off*4)(SI)(BX*4), wa, Y0; \
-	VFMADD231PS (off*4)(SI)(BX*4), wb, Y1; \
-	VFMADD231PS (off*4)(R10)(BX*4), wa, Y2; \
-	VFMADD231PS (off*4)(R10)(BX*4), wb, Y3; \
-	VFMADD231PS (off*4)(R11)(BX*4), wa, Y4; \
-	VFMADD231PS (off*4)(R11)(BX*4), wb, Y5; \
-	VFMADD231PS (off*4)(R13)(BX*4), wa, Y6; \
-	VFMADD231PS (off*4)(R13)(BX*4), wb, Y7
+	G4FMA(off, wa, wb)
 
 // BF16G4STEP is one 16-column step of a bf16 GEMM4 pair, prefetching with PF.
 #define BF16G4STEP(PF) \
@@ -847,18 +856,7 @@ fg4store:
 // func bf16Gemm4AVX2(x *float32, xs int, w *uint16, ws, k, pairs int, out *float32, os, pf int, far bool)
 // fp8Gemm4AVX2 for BF16 weights.
 TEXT ·bf16Gemm4AVX2(SB), NOSPLIT, $0-73
-	MOVQ x+0(FP), SI
-	MOVQ xs+8(FP), DX
-	SHLQ $2, DX
-	LEAQ (SI)(DX*1), R10
-	LEAQ (SI)(DX*2), R11
-	LEAQ (R10)(DX*2), R13
-	MOVQ w+16(FP), DI
-	MOVQ ws+24(FP), DX
-	SHLQ $1, DX
-	MOVQ k+32(FP), CX
-	MOVQ pairs+40(FP), R8
-	MOVQ out+48(FP), R14
+	G4ARGS(1)
 	MOVQ CX, AX
 	ANDQ $-16, AX
 bg4pair:
@@ -887,19 +885,7 @@ bg4one:
 	JAE bg4store
 	BF16G4BLOCK(0, Y8, Y9)
 bg4store:
-	MOVQ os+56(FP), R12
-	SHLQ $2, R12
-	HSUM4(Y0, Y1, Y2, Y3, X0, X8)
-	HSUM4(Y4, Y5, Y6, Y7, X4, X8)
-	MOVQ R14, BX
-	VMOVSD X0, (BX)
-	ADDQ R12, BX
-	VMOVHPS X0, (BX)
-	ADDQ R12, BX
-	VMOVSD X4, (BX)
-	ADDQ R12, BX
-	VMOVHPS X4, (BX)
-	ADDQ $8, R14
+	G4STORE
 	LEAQ (DI)(DX*2), DI
 	DECQ R8
 	JNZ bg4pair
@@ -910,14 +896,7 @@ bg4store:
 #define F32G4BLOCK(off, wa, wb) \
 	VMOVUPS (off*4)(DI)(BX*4), wa; \
 	VMOVUPS (off*4)(R9)(BX*4), wb; \
-	VFMADD231PS (off*4)(SI)(BX*4), wa, Y0; \
-	VFMADD231PS (off*4)(SI)(BX*4), wb, Y1; \
-	VFMADD231PS (off*4)(R10)(BX*4), wa, Y2; \
-	VFMADD231PS (off*4)(R10)(BX*4), wb, Y3; \
-	VFMADD231PS (off*4)(R11)(BX*4), wa, Y4; \
-	VFMADD231PS (off*4)(R11)(BX*4), wb, Y5; \
-	VFMADD231PS (off*4)(R13)(BX*4), wa, Y6; \
-	VFMADD231PS (off*4)(R13)(BX*4), wb, Y7
+	G4FMA(off, wa, wb)
 
 // F32G4STEP is one 16-column step of a f32 GEMM4 pair, prefetching with PF.
 #define F32G4STEP(PF) \
@@ -930,18 +909,7 @@ bg4store:
 // func f32Gemm4AVX2(x *float32, xs int, w *float32, ws, k, pairs int, out *float32, os, pf int, far bool)
 // fp8Gemm4AVX2 for F32 weights.
 TEXT ·f32Gemm4AVX2(SB), NOSPLIT, $0-73
-	MOVQ x+0(FP), SI
-	MOVQ xs+8(FP), DX
-	SHLQ $2, DX
-	LEAQ (SI)(DX*1), R10
-	LEAQ (SI)(DX*2), R11
-	LEAQ (R10)(DX*2), R13
-	MOVQ w+16(FP), DI
-	MOVQ ws+24(FP), DX
-	SHLQ $2, DX
-	MOVQ k+32(FP), CX
-	MOVQ pairs+40(FP), R8
-	MOVQ out+48(FP), R14
+	G4ARGS(2)
 	MOVQ CX, AX
 	ANDQ $-16, AX
 f4gpair:
@@ -970,19 +938,7 @@ f4gone:
 	JAE f4gstore
 	F32G4BLOCK(0, Y8, Y9)
 f4gstore:
-	MOVQ os+56(FP), R12
-	SHLQ $2, R12
-	HSUM4(Y0, Y1, Y2, Y3, X0, X8)
-	HSUM4(Y4, Y5, Y6, Y7, X4, X8)
-	MOVQ R14, BX
-	VMOVSD X0, (BX)
-	ADDQ R12, BX
-	VMOVHPS X0, (BX)
-	ADDQ R12, BX
-	VMOVSD X4, (BX)
-	ADDQ R12, BX
-	VMOVHPS X4, (BX)
-	ADDQ $8, R14
+	G4STORE
 	LEAQ (DI)(DX*2), DI
 	DECQ R8
 	JNZ f4gpair
