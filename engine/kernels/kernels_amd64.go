@@ -129,9 +129,7 @@ const gemmNear = 20 << 10
 func f32GemvAsm(x, w []float32, ws, k, rows int, out []float32) {
 	q := rows / 4
 	if q > 0 {
-		pf, far := gemvPrefetch(ws, 4)
-		_, _, _ = x[k-1], w[(4*q-1)*ws+k-1], out[4*q-1]
-		f32GemvAVX512(&x[0], &w[0], ws, k, q, &out[0], pf, far)
+		gemvQuads(f32GemvAVX512, x, w, ws, k, q, out, 4)
 	}
 	for r := 4 * q; r < rows; r++ {
 		var one [4]float32
@@ -143,9 +141,7 @@ func f32GemvAsm(x, w []float32, ws, k, rows int, out []float32) {
 func bf16GemvAsm(x []float32, w []uint16, ws, k, rows int, out []float32) {
 	q := rows / 4
 	if q > 0 {
-		pf, far := gemvPrefetch(ws, 2)
-		_, _, _ = x[k-1], w[(4*q-1)*ws+k-1], out[4*q-1]
-		bf16GemvAVX512(&x[0], &w[0], ws, k, q, &out[0], pf, far)
+		gemvQuads(bf16GemvAVX512, x, w, ws, k, q, out, 2)
 	}
 	for r := 4 * q; r < rows; r++ {
 		var one [4]float32
@@ -157,9 +153,7 @@ func bf16GemvAsm(x []float32, w []uint16, ws, k, rows int, out []float32) {
 func fp8GemvAsm(x []float32, w []uint8, ws, k, rows int, out []float32) {
 	q := rows / 4
 	if q > 0 {
-		pf, far := gemvPrefetch(ws, 1)
-		_, _, _ = x[k-1], w[(4*q-1)*ws+k-1], out[4*q-1]
-		fp8GemvAVX512(&x[0], &w[0], ws, k, q, &out[0], pf, far)
+		gemvQuads(fp8GemvAVX512, x, w, ws, k, q, out, 1)
 	}
 	for r := 4 * q; r < rows; r++ {
 		var one [4]float32

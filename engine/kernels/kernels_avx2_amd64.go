@@ -60,7 +60,7 @@ type weight interface{ float32 | uint16 | uint8 }
 // has no 2x4 tile (tileK): its tiles are f32TilesAVX2w.
 type avx2Ops[T weight] struct {
 	size  int
-	gemvK func(x *float32, w *T, ws, k, quads int, out *float32, pf int, far bool)
+	gemvK gemvKernel[T]
 	gemmK func(x0, x1 *float32, w *T, ws, k, quads int, out *float32, os, pf int, far bool)
 	tileK func(x *float32, xs int, w *T, ws, k int, out *float32, os int)
 	// gemm4K multiplies four x rows by pairs of W rows, loading (and for
@@ -107,8 +107,7 @@ func (o *avx2Ops[T]) gemv(x []float32, w []T, ws, k, rows int, out []float32) {
 		clear(out[:rows])
 	} else {
 		if q > 0 {
-			pf, far := gemvPrefetch(ws, o.size)
-			o.gemvK(&x[0], &w[0], ws, kv, q, &out[0], pf, far)
+			gemvQuads(o.gemvK, x, w, ws, kv, q, out, o.size)
 		}
 		for r := 4 * q; r < rows; r++ {
 			var one [4]float32

@@ -1,0 +1,40 @@
+//go:build amd64 && !purego
+
+package kernels
+
+// gemvKernel is the signature of both assembly sets' GEMV kernels: out[r]
+// for the 4*quads rows of quads adjacent quads of W rows, ws elements
+// apart, prefetching pf bytes ahead (into L2 only when far is set).
+type gemvKernel[T any] func(x *float32, w *T, ws, k, quads int, out *float32, pf int, far bool)
+
+// stridedRowBytes is the least row length, in bytes, for which gemvQuads
+// takes F32 and BF16 quads from rows q apart.
+const stridedRowBytes = 512
+
+// gemvQuads stores the products of x with the first 4*q rows of W (ws
+// elements of size bytes apart, k columns) into out[:4*q] through kern.
+//
+// Adjacent quads read four runs of one row each, a few KiB at the decode
+// shapes, and the hardware prefetchers reach only about two thirds of a
+// core's bandwidth on runs that short, even with the kernels' software
+// prefetch. So for F32 and BF16, whose decoding costs little beside the
+// loads, quad i is rows i, i+q, i+2q and i+3q instead: each of its rows
+// goes on into the row below it in the next quad, which makes four long
+// sequential runs (BenchmarkDecodeStream on one Zen 5 core: BF16 32000x768
+// 23 to 32-33 GB/s, F32 2048x768 22 to 29-34). Every output is summed as
+// it is in adjacent quads, since a quad's rows do not share accumulators.
+// FP8 keeps adjacent quads with the software prefetch: decoding it is what
+// bounds a core there, and rows q apart measured no faster.
+func gemvQuads[T any](kern gemvKernel[T], x []float32, w []T, ws, k, q int, out []float32, size int) {
+	_, _, _ = x[k-1], w[(4*q-1)*ws+k-1], out[4*q-1]
+	if size == 1 || k*size < stridedRowBytes || q == 1 {
+		pf, far := gemvPrefetch(ws, size)
+		kern(&x[0], &w[0], ws, k, q, &out[0], pf, far)
+		return
+	}
+	var quad [4]float32
+	for i := range q {
+		kern(&x[0], &w[i*ws], q*ws, k, 1, &quad[0], 0, false)
+		out[i], out[i+q], out[i+2*q], out[i+3*q] = quad[0], quad[1], quad[2], quad[3]
+	}
+}
