@@ -7,9 +7,20 @@ package kernels
 // apart, prefetching pf bytes ahead (into L2 only when far is set).
 type gemvKernel[T any] func(x *float32, w *T, ws, k, quads int, out *float32, pf int, far bool)
 
-// stridedRowBytes is the least row length, in bytes, for which gemvQuads
-// takes F32 and BF16 quads from rows q apart.
+// stridedRowBytes is the least row length, in bytes, for which F32 and
+// BF16 products of one or two x rows take W's rows in quads of rows
+// spread apart (see gemvQuads).
 const stridedRowBytes = 512
+
+// strided reports whether q quads of W rows of k weights of size bytes
+// are taken rows q apart (see gemvQuads): the runs that makes are too
+// short to gain under stridedQuads quads.
+func strided(size, k, q int) bool {
+	return size > 1 && k*size >= stridedRowBytes && q >= stridedQuads
+}
+
+// stridedQuads is the fewest quads that strided spreads.
+const stridedQuads = 16
 
 // gemvQuads stores the products of x with the first 4*q rows of W (ws
 // elements of size bytes apart, k columns) into out[:4*q] through kern.
@@ -23,11 +34,13 @@ const stridedRowBytes = 512
 // sequential runs (BenchmarkDecodeStream on one Zen 5 core: BF16 32000x768
 // 23 to 32-33 GB/s, F32 2048x768 22 to 29-34). Every output is summed as
 // it is in adjacent quads, since a quad's rows do not share accumulators.
-// FP8 keeps adjacent quads with the software prefetch: decoding it is what
-// bounds a core there, and rows q apart measured no faster.
+// The kernels for two x rows take their quads the same way; with three or
+// four (and the chunks of W that more take) it measured slower. FP8
+// keeps adjacent quads and the software prefetch: with its decoding in
+// the loop, rows q apart streamed 11-14 GB/s against 18-21.
 func gemvQuads[T any](kern gemvKernel[T], x []float32, w []T, ws, k, q int, out []float32, size int) {
 	_, _, _ = x[k-1], w[(4*q-1)*ws+k-1], out[4*q-1]
-	if size == 1 || k*size < stridedRowBytes || q == 1 {
+	if !strided(size, k, q) {
 		pf, far := gemvPrefetch(ws, size)
 		kern(&x[0], &w[0], ws, k, q, &out[0], pf, far)
 		return

@@ -180,7 +180,20 @@ func gemmAsm[T any](x []float32, xs, nx int, w []T, ws, k, rows int, out []float
 		_, _, _ = x[(nx-1)*xs+k-1], w[(4*q-1)*ws+k-1], out[(nx-1)*os+4*q-1]
 		pf, far := gemvPrefetch(ws, size)
 		far = far || pf+nx*k*4 > gemmNear
-		gemmQuads(x, xs, nx, &w[0], ws, k, q, out, os, far, gemm2, gemm4)
+		if nx == 2 && strided(size, k, q) {
+			// Quad i is rows i, i+q, i+2q and i+3q, as in gemvQuads.
+			var one [16]float32
+			for i := range q {
+				gemmQuads(x, xs, nx, &w[i*ws], q*ws, k, 1, one[:], 4, far, gemm2, gemm4)
+				for t := range nx {
+					for m := range 4 {
+						out[t*os+i+m*q] = one[4*t+m]
+					}
+				}
+			}
+		} else {
+			gemmQuads(x, xs, nx, &w[0], ws, k, q, out, os, far, gemm2, gemm4)
+		}
 	}
 	for r := 4 * q; r < rows; r++ {
 		_ = w[r*ws+k-1]

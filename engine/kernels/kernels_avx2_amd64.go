@@ -144,7 +144,16 @@ func (o *avx2Ops[T]) gemm2(x []float32, xs int, w []T, ws, k, rows int, out []fl
 	} else {
 		pf, far := gemvPrefetch(ws, o.size)
 		far = far || pf+2*k*4 > gemmNear
-		if q > 0 {
+		if strided(o.size, kv, q) {
+			// Quad i is rows i, i+q, i+2q and i+3q, as in gemvQuads.
+			var one [8]float32
+			for i := range q {
+				o.gemmK(&x[0], &x[xs], &w[i*ws], q*ws, kv, 1, &one[0], 4, 0, false)
+				for m := range 4 {
+					out[i+m*q], out[os+i+m*q] = one[m], one[4+m]
+				}
+			}
+		} else if q > 0 {
 			o.gemmK(&x[0], &x[xs], &w[0], ws, kv, q, &out[0], os, pf, far)
 		}
 		for r := 4 * q; r < rows; r++ {

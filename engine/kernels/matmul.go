@@ -302,10 +302,16 @@ func wGroupRows(ks *Set, cols int) int {
 // smallBatch stores the products of x rows [0, n) with W rows [lo, hi)
 // (size bytes a weight) through a small-batch kernel: W is taken
 // gemmChunkBytes at a time, and each chunk is multiplied by every group of
-// four x rows.
+// four x rows (all of W at once for one or two x rows).
 func smallBatch[T any](gemm func(x []float32, xs, nx int, w []T, ws, k, rows int, out []float32, os int),
 	x []float32, n int, w []T, size, rows, cols, lo, hi int, out []float32) {
 	chunk := max(4, gemmChunkBytes/(cols*size)&^3)
+	if n <= 2 {
+		// No chunk would be read twice, and all of W at once lets the F32
+		// and BF16 kernels take rows spread apart (see gemvQuads); with
+		// three or four x rows that measured slower.
+		chunk = hi - lo
+	}
 	for r0 := lo; r0 < hi; r0 += chunk {
 		r1 := min(hi, r0+chunk)
 		for t := 0; t < n; t += 4 {
