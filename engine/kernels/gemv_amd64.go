@@ -45,9 +45,22 @@ func gemvQuads[T any](kern gemvKernel[T], x []float32, w []T, ws, k, q int, out 
 		kern(&x[0], &w[0], ws, k, q, &out[0], pf, far)
 		return
 	}
-	var quad [4]float32
+	spreadQuads(q, 1, 0, out, func(i int, sums *[8]float32) {
+		kern(&x[0], &w[i*ws], q*ws, k, 1, &sums[0], 0, false)
+	})
+}
+
+// spreadQuads runs quad for each quad i < q of W rows i, i+q, i+2q and
+// i+3q, which stores the sums for x row t < nx (at most two) and the
+// quad's row m in sums[4*t+m], and moves them to out[t*os+i+m*q].
+func spreadQuads(q, nx, os int, out []float32, quad func(i int, sums *[8]float32)) {
+	var sums [8]float32
 	for i := range q {
-		kern(&x[0], &w[i*ws], q*ws, k, 1, &quad[0], 0, false)
-		out[i], out[i+q], out[i+2*q], out[i+3*q] = quad[0], quad[1], quad[2], quad[3]
+		quad(i, &sums)
+		for t := range nx {
+			for m := range 4 {
+				out[t*os+i+m*q] = sums[4*t+m]
+			}
+		}
 	}
 }

@@ -181,16 +181,9 @@ func gemmAsm[T any](x []float32, xs, nx int, w []T, ws, k, rows int, out []float
 		pf, far := gemvPrefetch(ws, size)
 		far = far || pf+nx*k*4 > gemmNear
 		if nx == 2 && strided(size, k, q) {
-			// Quad i is rows i, i+q, i+2q and i+3q, as in gemvQuads.
-			var one [16]float32
-			for i := range q {
-				gemmQuads(x, xs, nx, &w[i*ws], q*ws, k, 1, one[:], 4, far, gemm2, gemm4)
-				for t := range nx {
-					for m := range 4 {
-						out[t*os+i+m*q] = one[4*t+m]
-					}
-				}
-			}
+			spreadQuads(q, 2, os, out, func(i int, sums *[8]float32) {
+				gemmQuads(x, xs, 2, &w[i*ws], q*ws, k, 1, sums[:], 4, far, gemm2, gemm4)
+			})
 		} else {
 			gemmQuads(x, xs, nx, &w[0], ws, k, q, out, os, far, gemm2, gemm4)
 		}

@@ -145,14 +145,9 @@ func (o *avx2Ops[T]) gemm2(x []float32, xs int, w []T, ws, k, rows int, out []fl
 		pf, far := gemvPrefetch(ws, o.size)
 		far = far || pf+2*k*4 > gemmNear
 		if strided(o.size, kv, q) {
-			// Quad i is rows i, i+q, i+2q and i+3q, as in gemvQuads.
-			var one [8]float32
-			for i := range q {
-				o.gemmK(&x[0], &x[xs], &w[i*ws], q*ws, kv, 1, &one[0], 4, 0, false)
-				for m := range 4 {
-					out[i+m*q], out[os+i+m*q] = one[m], one[4+m]
-				}
-			}
+			spreadQuads(q, 2, os, out, func(i int, sums *[8]float32) {
+				o.gemmK(&x[0], &x[xs], &w[i*ws], q*ws, kv, 1, &sums[0], 4, 0, false)
+			})
 		} else if q > 0 {
 			o.gemmK(&x[0], &x[xs], &w[0], ws, kv, q, &out[0], os, pf, far)
 		}
