@@ -86,7 +86,9 @@ func TestInteractiveRequestPreemptsBatch(t *testing.T) {
 		}()
 	}
 	started.Wait()
-	for a.InFlight("m", "r") < 2 {
+	// Both hold room once they are in the preemptible set, which they
+	// join a moment after taking their slot.
+	for batchRequests(a, "m") < 2 {
 		time.Sleep(time.Millisecond)
 	}
 	resp, err := http.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"interactive"}`))
@@ -107,4 +109,15 @@ func TestInteractiveRequestPreemptsBatch(t *testing.T) {
 	if err := <-errs; !errors.As(err, &pre) || pre.Reason != PreemptSpot {
 		t.Fatalf("the batch request drained for spot returned %v", err)
 	}
+}
+
+// batchRequests is how many batch requests of deployment can be preempted.
+func batchRequests(a *Activator, deployment string) int {
+	r, ok := a.existing(deployment)
+	if !ok {
+		return 0
+	}
+	r.batch.mu.Lock()
+	defer r.batch.mu.Unlock()
+	return len(r.batch.set)
 }
