@@ -78,8 +78,15 @@ func TestServeGateways(t *testing.T) {
 		t.Fatalf("create a key on the leader: %d", code)
 	}
 	// The follower has no replica: the leader sees its waiting request,
-	// starts one and publishes it, and the follower proxies to it.
-	status, usage := keyedComplete(t, follower.base, key.Key, 4)
+	// starts one and publishes it, and the follower proxies to it. The
+	// follower learns of the deployment from the shared state on its next
+	// sync after the leader's watcher has validated it; until then the
+	// model is unknown to it (404).
+	var status, usage int
+	waitUntil(t, "the follower knows the deployment", 30*time.Second, func() bool {
+		status, usage = keyedComplete(t, follower.base, key.Key, 4)
+		return status != http.StatusNotFound
+	})
 	if status != http.StatusOK || usage <= 0 {
 		t.Fatalf("a request with the leader's key through the follower: %d (usage %d tokens)", status, usage)
 	}
