@@ -78,7 +78,7 @@
 //     BF16 rows of 512 bytes or more, in shares of 64 rows or more, go
 //     further, for one or two x rows: each quad takes rows a quarter of
 //     the thread's share apart, so its four rows are four long sequential
-//     runs that the prefetchers follow (gemvQuads); a quad's rows share
+//     runs that the prefetchers follow (gemvRows); a quad's rows share
 //     no accumulator, so this changes no output's bits.
 //   - Small batches (2 to 64 tokens, continuous batching's decode steps)
 //     run through the same kind of one-call kernels for two or four x rows

@@ -9,11 +9,11 @@ type gemvKernel[T any] func(x *float32, w *T, ws, k, quads int, out *float32, pf
 
 // stridedRowBytes is the least row length, in bytes, for which F32 and
 // BF16 products of one or two x rows take W's rows in quads of rows
-// spread apart (see gemvQuads).
+// spread apart (see gemvRows).
 const stridedRowBytes = 512
 
 // strided reports whether q quads of W rows of k weights of size bytes
-// are taken rows q apart (see gemvQuads): the runs that makes are too
+// are taken rows q apart (see gemvRows): the runs that makes are too
 // short to gain under stridedQuads quads.
 func strided(size, k, q int) bool {
 	return size > 1 && k*size >= stridedRowBytes && q >= stridedQuads
@@ -22,8 +22,10 @@ func strided(size, k, q int) bool {
 // stridedQuads is the fewest quads that strided spreads.
 const stridedQuads = 16
 
-// gemvQuads stores the products of x with the first 4*q rows of W (ws
-// elements of size bytes apart, k columns) into out[:4*q] through kern.
+// gemvRows stores the products of x with the rows of W (ws elements of
+// size bytes apart, k columns, rows ≥ 1) into out[:rows] through kern. Rows past the
+// last quad run as quads of one row (ws = 0), so they are summed as the
+// quads' rows are.
 //
 // Adjacent quads read four runs of one row each, a few KiB at the decode
 // shapes, and the hardware prefetchers reach only about two thirds of a
@@ -38,16 +40,24 @@ const stridedQuads = 16
 // four (and the chunks of W that more take) it measured slower. FP8
 // keeps adjacent quads and the software prefetch: with its decoding in
 // the loop, rows q apart streamed 11-14 GB/s against 18-21.
-func gemvQuads[T any](kern gemvKernel[T], x []float32, w []T, ws, k, q int, out []float32, size int) {
-	_, _, _ = x[k-1], w[(4*q-1)*ws+k-1], out[4*q-1]
-	if !strided(size, k, q) {
+func gemvRows[T any](kern gemvKernel[T], x []float32, w []T, ws, k, rows int, out []float32, size int) {
+	_, _, _ = x[k-1], w[(rows-1)*ws+k-1], out[rows-1]
+	q := rows / 4
+	switch {
+	case q == 0:
+	case !strided(size, k, q):
 		pf, far := gemvPrefetch(ws, size)
 		kern(&x[0], &w[0], ws, k, q, &out[0], pf, far)
-		return
+	default:
+		spreadQuads(q, 1, 0, out, func(i int, sums *[8]float32) {
+			kern(&x[0], &w[i*ws], q*ws, k, 1, &sums[0], 0, false)
+		})
 	}
-	spreadQuads(q, 1, 0, out, func(i int, sums *[8]float32) {
-		kern(&x[0], &w[i*ws], q*ws, k, 1, &sums[0], 0, false)
-	})
+	for r := 4 * q; r < rows; r++ {
+		var one [4]float32
+		kern(&x[0], &w[r*ws], 0, k, 1, &one[0], 0, false)
+		out[r] = one[0]
+	}
 }
 
 // spreadQuads runs quad for each quad i < q of W rows i, i+q, i+2q and

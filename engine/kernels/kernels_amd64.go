@@ -127,39 +127,15 @@ const gemvNear = 8 << 10
 const gemmNear = 20 << 10
 
 func f32GemvAsm(x, w []float32, ws, k, rows int, out []float32) {
-	q := rows / 4
-	if q > 0 {
-		gemvQuads(f32GemvAVX512, x, w, ws, k, q, out, 4)
-	}
-	for r := 4 * q; r < rows; r++ {
-		var one [4]float32
-		f32GemvAVX512(&x[0], &w[r*ws], 0, k, 1, &one[0], 0, false)
-		out[r] = one[0]
-	}
+	gemvRows(f32GemvAVX512, x, w, ws, k, rows, out, 4)
 }
 
 func bf16GemvAsm(x []float32, w []uint16, ws, k, rows int, out []float32) {
-	q := rows / 4
-	if q > 0 {
-		gemvQuads(bf16GemvAVX512, x, w, ws, k, q, out, 2)
-	}
-	for r := 4 * q; r < rows; r++ {
-		var one [4]float32
-		bf16GemvAVX512(&x[0], &w[r*ws], 0, k, 1, &one[0], 0, false)
-		out[r] = one[0]
-	}
+	gemvRows(bf16GemvAVX512, x, w, ws, k, rows, out, 2)
 }
 
 func fp8GemvAsm(x []float32, w []uint8, ws, k, rows int, out []float32) {
-	q := rows / 4
-	if q > 0 {
-		gemvQuads(fp8GemvAVX512, x, w, ws, k, q, out, 1)
-	}
-	for r := 4 * q; r < rows; r++ {
-		var one [4]float32
-		fp8GemvAVX512(&x[0], &w[r*ws], 0, k, 1, &one[0], 0, false)
-		out[r] = one[0]
-	}
+	gemvRows(fp8GemvAVX512, x, w, ws, k, rows, out, 1)
 }
 
 // gemmKernel is the signature of the Gemm2 and Gemm4 assembly kernels.

@@ -102,18 +102,11 @@ func (o *avx2Ops[T]) addTails(x []float32, xs, nx int, w []T, ws, kv, k, rows in
 // gemv stores Σ_j x[j]*W[r][j] into out[r] for r < rows.
 func (o *avx2Ops[T]) gemv(x []float32, w []T, ws, k, rows int, out []float32) {
 	_, _, _ = x[k-1], w[(rows-1)*ws+k-1], out[rows-1]
-	kv, q := k&^7, rows/4
+	kv := k &^ 7
 	if kv == 0 {
 		clear(out[:rows])
 	} else {
-		if q > 0 {
-			gemvQuads(o.gemvK, x, w, ws, kv, q, out, o.size)
-		}
-		for r := 4 * q; r < rows; r++ {
-			var one [4]float32
-			o.gemvK(&x[0], &w[r*ws], 0, kv, 1, &one[0], 0, false)
-			out[r] = one[0]
-		}
+		gemvRows(o.gemvK, x, w, ws, kv, rows, out, o.size)
 	}
 	o.addTails(x, 0, 1, w, ws, kv, k, rows, out, 0)
 }

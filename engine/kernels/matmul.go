@@ -308,7 +308,7 @@ func smallBatch[T any](gemm func(x []float32, xs, nx int, w []T, ws, k, rows int
 	chunk := max(4, gemmChunkBytes/(cols*size)&^3)
 	if n <= 2 {
 		// No chunk would be read twice, and all of W at once lets the F32
-		// and BF16 kernels take rows spread apart (see gemvQuads); with
+		// and BF16 kernels take rows spread apart (see gemvRows); with
 		// three or four x rows that measured slower.
 		chunk = hi - lo
 	}
