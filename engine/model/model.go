@@ -226,9 +226,7 @@ func (m *Model) layer(l int, b *Batch, kv *kvcache.Cache) {
 	c, buf, w := &m.cfg, &m.buf, &m.w.Layers[l]
 	n, d := len(b.Tokens), c.HiddenSize
 	h := buf.h[:n*d]
-	for i := range n {
-		rmsNorm(h[i*d:(i+1)*d], buf.x[i*d:(i+1)*d], w.AttnNorm, float32(c.RMSNormEps))
-	}
+	m.normRows(h, buf.x, w.AttnNorm, n)
 	m.pool.MatMul(buf.q, h, n, w.Q)
 	m.pool.MatMul(buf.k, h, n, w.K)
 	m.pool.MatMul(buf.v, h, n, w.V)
@@ -237,12 +235,14 @@ func (m *Model) layer(l int, b *Batch, kv *kvcache.Cache) {
 	}
 	m.applyRope(n)
 	tokSize := c.NumKVHeads * c.HeadDim
-	for i := range n {
-		pos := int(b.Positions[i])
-		block := b.BlockTables[b.Seqs[i]][pos/kvcache.BlockSize]
-		copy(kv.Keys(l, block, pos%kvcache.BlockSize), buf.k[i*tokSize:(i+1)*tokSize])
-		copy(kv.Values(l, block, pos%kvcache.BlockSize), buf.v[i*tokSize:(i+1)*tokSize])
-	}
+	m.pool.Parallel(n, rowGrain(2*tokSize), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			pos := int(b.Positions[i])
+			block := b.BlockTables[b.Seqs[i]][pos/kvcache.BlockSize]
+			copy(kv.Keys(l, block, pos%kvcache.BlockSize), buf.k[i*tokSize:(i+1)*tokSize])
+			copy(kv.Values(l, block, pos%kvcache.BlockSize), buf.v[i*tokSize:(i+1)*tokSize])
+		}
+	})
 	m.attention(l, b, kv)
 	m.pool.MatMul(h, buf.att, n, w.O)
 	if len(m.lora.groups) > 0 {
@@ -250,9 +250,7 @@ func (m *Model) layer(l int, b *Batch, kv *kvcache.Cache) {
 	}
 	m.pool.AXPY(buf.x[:n*d], 1, h)
 
-	for i := range n {
-		rmsNorm(h[i*d:(i+1)*d], buf.x[i*d:(i+1)*d], w.MLPNorm, float32(c.RMSNormEps))
-	}
+	m.normRows(h, buf.x, w.MLPNorm, n)
 	m.pool.MatMul(buf.gate, h, n, w.Gate)
 	m.pool.MatMul(buf.up, h, n, w.Up)
 	if len(m.lora.groups) > 0 {
@@ -290,16 +288,41 @@ func (m *Model) applyRope(n int) {
 			v[j+half] = x1*cos[j] + x0*sin[j]
 		}
 	}
-	for i := range n {
-		table := buf.rope[i*hd : (i+1)*hd]
-		cos, sin := table[:half], table[half:]
-		for h := range c.NumHeads {
-			rotate(buf.q[(i*c.NumHeads+h)*hd:][:hd], cos, sin)
+	m.pool.Parallel(n, rowGrain((c.NumHeads+c.NumKVHeads)*hd), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			table := buf.rope[i*hd : (i+1)*hd]
+			cos, sin := table[:half], table[half:]
+			for h := range c.NumHeads {
+				rotate(buf.q[(i*c.NumHeads+h)*hd:][:hd], cos, sin)
+			}
+			for h := range c.NumKVHeads {
+				rotate(buf.k[(i*c.NumKVHeads+h)*hd:][:hd], cos, sin)
+			}
 		}
-		for h := range c.NumKVHeads {
-			rotate(buf.k[(i*c.NumKVHeads+h)*hd:][:hd], cos, sin)
+	})
+}
+
+// minRowWork is the least number of elements of per-token work (norms,
+// rotations, cache writes) worth a share of the pool: below it, as for a
+// decode step's few tokens, the calling thread does all of it.
+const minRowWork = 16 << 10
+
+// rowGrain is how many tokens of width elements of work make a thread's
+// least share.
+func rowGrain(width int) int {
+	return max(1, minRowWork/max(1, width))
+}
+
+// normRows writes the RMS norm (with weight) of each of the first n rows
+// of x into the rows of dst, the rows split across the pool's threads.
+// Each row is normed as rmsNorm does alone, so the split changes no bits.
+func (m *Model) normRows(dst, x, weight []float32, n int) {
+	d, eps := m.cfg.HiddenSize, float32(m.cfg.RMSNormEps)
+	m.pool.Parallel(n, rowGrain(d), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			rmsNorm(dst[i*d:(i+1)*d], x[i*d:(i+1)*d], weight, eps)
 		}
-	}
+	})
 }
 
 // rmsNorm writes x / rms(x) * weight into dst.
