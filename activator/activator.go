@@ -45,6 +45,15 @@ type FailedResolver interface {
 	Failed(name string) (reason string, failed bool)
 }
 
+// RefreshingResolver is a Resolver whose view can trail the deployments'
+// source (a fleet follower's, by up to a sync): before a request for a
+// name it does not know is answered 404, Refresh brings the view up to
+// date, so a deployment just created elsewhere resolves at once.
+type RefreshingResolver interface {
+	// Refresh updates what Lookup knows, or returns when ctx ends.
+	Refresh(ctx context.Context)
+}
+
 // Options configure an Activator.
 type Options struct {
 	Resolver Resolver
@@ -398,8 +407,9 @@ func (a *Activator) serve(rec *recorder, req *http.Request, priority *int) (stri
 			maxTokens: ir.maxTokens(), text: func() string { return lastUserText(&ir) }, caller: a.callerOf(req.Context()), header: req.Header}, randIntN)
 	}
 	var adapter *engineapi.LoadAdapterRequest
-	if _, _, ok := a.opts.Resolver.Lookup(dep); !ok && via == nil {
-		if dep, adapter = a.adapterOf(dep); adapter == nil {
+	if via == nil {
+		var known bool
+		if dep, adapter, known = a.resolveName(req.Context(), dep); !known {
 			writeError(w, openai.ModelNotFound(ir.Model), 0)
 			return "", nil, nil
 		}
@@ -473,6 +483,27 @@ func (h *hop) adapterName() string {
 		return ""
 	}
 	return h.adapter.Name
+}
+
+// resolveName resolves a model name that no route picked: a deployment,
+// or an adapter of one ("BASE:ADAPTER"), whose deployment it returns with
+// the adapter. A name the resolver does not know is tried again after a
+// refresh where the resolver can trail its source (RefreshingResolver),
+// before it is called unknown.
+func (a *Activator) resolveName(ctx context.Context, name string) (string, *engineapi.LoadAdapterRequest, bool) {
+	for refreshed := false; ; refreshed = true {
+		if _, _, ok := a.opts.Resolver.Lookup(name); ok {
+			return name, nil, true
+		}
+		if dep, ad := a.adapterOf(name); ad != nil {
+			return dep, ad, true
+		}
+		rr, ok := a.opts.Resolver.(RefreshingResolver)
+		if refreshed || !ok {
+			return name, nil, false
+		}
+		rr.Refresh(ctx)
+	}
 }
 
 // adapterOf resolves "BASE:ADAPTER" to BASE's deployment and the adapter

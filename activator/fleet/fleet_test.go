@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,5 +181,57 @@ func TestLeaderAndFollower(t *testing.T) {
 	}
 	if len(reps) != 0 {
 		t.Errorf("after Release the follower still routes to %v", reps)
+	}
+}
+
+// countingDeployments counts the reads of a follower's deployments.
+type countingDeployments struct {
+	*store.Store
+	reads atomic.Int32
+}
+
+func (c *countingDeployments) Deployments(ctx context.Context) ([]store.Deployment, error) {
+	c.reads.Add(1)
+	return c.Store.Deployments(ctx)
+}
+
+// TestFollowerRefresh: a deployment the leader stores after the
+// follower's last sync resolves on the follower after a Refresh, without
+// waiting for the next sync; and many requests refreshing at once share
+// one read of the store.
+func TestFollowerRefresh(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	deps := &countingDeployments{Store: st}
+	follower := fleet.NewFollower(newRoutes(), st, deps, "gw-2", nil)
+	if err := follower.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutDeployment(ctx, store.Deployment{Name: "late", Revision: "sha256:aa", Spec: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := follower.Lookup("late"); ok {
+		t.Fatal("the follower knows a deployment stored after its last sync before any refresh")
+	}
+	before := deps.reads.Load()
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range 50 {
+		wg.Add(1)
+		go func() { defer wg.Done(); <-start; follower.Refresh(ctx) }()
+	}
+	close(start)
+	wg.Wait()
+	if rev, _, ok := follower.Lookup("late"); !ok || rev != "sha256:aa" {
+		t.Errorf("after a refresh the follower resolves late to %q %v, want sha256:aa", rev, ok)
+	}
+	// Calls that arrive while a read is in flight share it; one arriving
+	// just after it ends starts the next.
+	if n := deps.reads.Load() - before; n < 1 || n > 2 {
+		t.Errorf("50 concurrent refreshes read the deployments %d times, want 1 or 2", n)
 	}
 }

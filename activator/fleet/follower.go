@@ -5,7 +5,11 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
 
 	"github.com/stokehq/stoke/engine/engineapi"
 	"github.com/stokehq/stoke/internal/config"
@@ -34,6 +38,14 @@ type Deployments interface {
 // take to finish.
 const drainTimeout = 30 * time.Second
 
+// refreshGap is the least time between two refreshes (Refresh), so that
+// requests for names that do not exist cannot turn into a read of the
+// state store each; refreshTimeout bounds a refresh's reads.
+const (
+	refreshGap     = 100 * time.Millisecond
+	refreshTimeout = 5 * time.Second
+)
+
 // deployment is what a follower resolves a name to.
 type deployment struct {
 	revision string
@@ -51,8 +63,15 @@ type Follower struct {
 	log      *slog.Logger
 	poke     chan struct{}
 
-	mu       sync.Mutex
-	resolved map[string]deployment
+	refreshes    singleflight.Group
+	refreshLimit *rate.Limiter
+	// reads numbers the resolutions read from the store, in the order
+	// they began; installed is the latest one in resolved.
+	reads atomic.Uint64
+
+	mu        sync.Mutex
+	installed uint64
+	resolved  map[string]deployment
 	// adapters are the deployments' LoRA adapters, by base and name.
 	adapters map[string]map[string]engineapi.LoadAdapterRequest
 	applied  map[[2]string]store.Endpoint // by deployment and replica
@@ -65,7 +84,7 @@ func NewFollower(routes Routes, st Store, deps Deployments, gateway string, log 
 		log = slog.Default()
 	}
 	return &Follower{routes: routes, st: st, deps: deps, gateway: gateway, interval: DefaultInterval, log: log.With("component", "fleet-follower"),
-		poke: make(chan struct{}, 1), resolved: map[string]deployment{}, applied: map[[2]string]store.Endpoint{}, canaries: map[string]store.CanaryShare{}}
+		poke: make(chan struct{}, 1), refreshLimit: rate.NewLimiter(rate.Every(refreshGap), 1), resolved: map[string]deployment{}, applied: map[[2]string]store.Endpoint{}, canaries: map[string]store.CanaryShare{}}
 }
 
 // Lookup implements activator.Resolver from what the store holds, as the
@@ -127,16 +146,64 @@ func (f *Follower) Run(ctx context.Context) {
 	}
 }
 
+// Refresh implements activator.RefreshingResolver: it reads the
+// deployments, canaries and adapters from the store now, so that a
+// deployment the leader has just created resolves here before the next
+// sync. Concurrent calls share one read, and reads come at most one per
+// refreshGap, the calls waiting meanwhile; it returns early when ctx ends.
+func (f *Follower) Refresh(ctx context.Context) {
+	done := f.refreshes.DoChan("resolve", func() (any, error) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refreshTimeout)
+		defer cancel()
+		if err := f.refreshLimit.Wait(rctx); err != nil {
+			return nil, err
+		}
+		_, err := f.resolve(rctx)
+		if err != nil {
+			f.log.Warn("refresh from the leader's state", "err", err)
+		}
+		return nil, err
+	})
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
 // Sync reads the deployments and the published replicas once, applies
 // the changes, and reports this gateway's load.
 func (f *Follower) Sync(ctx context.Context) error {
-	deps, err := f.deps.Deployments(ctx)
+	resolved, err := f.resolve(ctx)
 	if err != nil {
 		return err
 	}
-	canaries, err := f.deps.ActiveRollouts(ctx)
+	eps, shares, err := f.st.Fleet(ctx)
 	if err != nil {
 		return err
+	}
+	f.apply(ctx, eps, shares)
+
+	load := map[string]float64{}
+	for name := range resolved { // deployments and canary pools
+		if c := f.routes.Concurrency(name); c > 0 {
+			load[name] = c
+		}
+	}
+	return f.st.ReportLoad(ctx, f.gateway, load)
+}
+
+// resolve reads what Lookup and Adapter answer from (the deployments, the
+// rollouts in canary, the ready adapters) and installs it, unless a read
+// that began after it is installed already. It returns what it read.
+func (f *Follower) resolve(ctx context.Context) (map[string]deployment, error) {
+	seq := f.reads.Add(1)
+	deps, err := f.deps.Deployments(ctx)
+	if err != nil {
+		return nil, err
+	}
+	canaries, err := f.deps.ActiveRollouts(ctx)
+	if err != nil {
+		return nil, err
 	}
 	resolved := make(map[string]deployment, len(deps)+len(canaries))
 	resolve := func(name, revision string, raw []byte) {
@@ -155,7 +222,7 @@ func (f *Follower) Sync(ctx context.Context) error {
 	}
 	ready, err := f.deps.ReadyAdapters(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	adapters := map[string]map[string]engineapi.LoadAdapterRequest{}
 	for _, r := range ready {
@@ -165,22 +232,12 @@ func (f *Follower) Sync(ctx context.Context) error {
 		}
 		adapters[base][name] = engineapi.LoadAdapterRequest{Name: name, Path: r.Source, Revision: r.Digest}
 	}
-	eps, shares, err := f.st.Fleet(ctx)
-	if err != nil {
-		return err
-	}
 	f.mu.Lock()
-	f.resolved, f.adapters = resolved, adapters
-	f.mu.Unlock()
-	f.apply(ctx, eps, shares)
-
-	load := map[string]float64{}
-	for name := range resolved { // deployments and canary pools
-		if c := f.routes.Concurrency(name); c > 0 {
-			load[name] = c
-		}
+	if seq > f.installed {
+		f.resolved, f.adapters, f.installed = resolved, adapters, seq
 	}
-	return f.st.ReportLoad(ctx, f.gateway, load)
+	f.mu.Unlock()
+	return resolved, nil
 }
 
 // apply makes the activator route to exactly the published replicas.

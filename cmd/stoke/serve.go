@@ -409,6 +409,17 @@ func (l *lateController) Poke(name string) {
 	}
 }
 
+// Refresh implements activator.RefreshingResolver: a follower reads the
+// shared state now; the leader's view is the state, so it has nothing to
+// refresh.
+func (l *lateController) Refresh(ctx context.Context) {
+	if l.c.Load() == nil {
+		if f := l.follower(); f != nil {
+			f.Refresh(ctx)
+		}
+	}
+}
+
 func (l *lateController) onRuntimeEvent(e runtime.Event) {
 	if c := l.c.Load(); c != nil {
 		go c.OnRuntimeEvent(e)

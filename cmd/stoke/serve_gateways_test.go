@@ -79,9 +79,9 @@ func TestServeGateways(t *testing.T) {
 	}
 	// The follower has no replica: the leader sees its waiting request,
 	// starts one and publishes it, and the follower proxies to it. The
-	// follower learns of the deployment from the shared state on its next
-	// sync after the leader's watcher has validated it; until then the
-	// model is unknown to it (404).
+	// deployment exists once the leader's bucket watcher has validated
+	// the push (the follower reads the shared state again before it calls
+	// a model unknown); until then it is unknown to both (404).
 	var status, usage int
 	waitUntil(t, "the follower knows the deployment", 30*time.Second, func() bool {
 		status, usage = keyedComplete(t, follower.base, key.Key, 4)

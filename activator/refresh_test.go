@@ -1,0 +1,79 @@
+package activator
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stokehq/stoke/internal/config"
+)
+
+// lateResolver trails its source: it learns of deployment "m" (whose
+// revision failed, so that a request for it is answered at once) only
+// when refreshed, as a fleet follower learns of a deployment the leader
+// has just created.
+type lateResolver struct {
+	known     atomic.Bool
+	refreshes atomic.Int32
+}
+
+func (r *lateResolver) Lookup(name string) (string, config.Spec, bool) {
+	return "sha256:x", config.Default(), name == "m" && r.known.Load()
+}
+func (r *lateResolver) Poke(string) {}
+func (r *lateResolver) Refresh(context.Context) {
+	r.refreshes.Add(1)
+	r.known.Store(true)
+}
+func (r *lateResolver) Failed(name string) (string, bool) { return "bad weights", name == "m" }
+
+// TestUnknownModelRefreshesResolver: a request for a model the resolver
+// does not know refreshes a RefreshingResolver once before it is called
+// unknown, so a deployment created elsewhere a moment ago is served, not
+// answered 404; a known model refreshes nothing, and a model still
+// unknown after the refresh is a 404 model_not_found.
+func TestUnknownModelRefreshesResolver(t *testing.T) {
+	res := &lateResolver{}
+	ts := httptest.NewServer(New(Options{Resolver: res}))
+	defer ts.Close()
+	complete := func(model string) (int, string) {
+		t.Helper()
+		resp, err := http.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"`+model+`","prompt":"hi"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		var e struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		if err := json.Unmarshal(body, &e); err != nil {
+			t.Fatalf("body %s: %v", body, err)
+		}
+		return resp.StatusCode, e.Error.Code
+	}
+	steps := []struct {
+		model     string
+		status    int
+		code      string
+		refreshes int32
+	}{
+		{"m", http.StatusServiceUnavailable, "revision_failed", 1}, // learnt on the refresh
+		{"m", http.StatusServiceUnavailable, "revision_failed", 1}, // known: no refresh
+		{"nope", http.StatusNotFound, "model_not_found", 2},
+	}
+	for _, s := range steps {
+		status, code := complete(s.model)
+		if status != s.status || code != s.code {
+			t.Errorf("model %s: %d %s, want %d %s", s.model, status, code, s.status, s.code)
+		}
+		if n := res.refreshes.Load(); n != s.refreshes {
+			t.Errorf("after model %s: %d refreshes, want %d", s.model, n, s.refreshes)
+		}
+	}
+}
