@@ -13,24 +13,23 @@ import (
 	"github.com/stokehq/stoke/internal/config"
 )
 
-// lateResolver trails its source: it learns of deployment "m" (whose
-// revision failed, so that a request for it is answered at once) only
-// when refreshed, as a fleet follower learns of a deployment the leader
-// has just created.
+// lateResolver is a failedResolver (its "m" is answered at once) that
+// trails its source: it learns of "m" only when refreshed, as a fleet
+// follower learns of a deployment the leader has just created.
 type lateResolver struct {
+	failedResolver
 	known     atomic.Bool
 	refreshes atomic.Int32
 }
 
 func (r *lateResolver) Lookup(name string) (string, config.Spec, bool) {
-	return "sha256:x", config.Default(), name == "m" && r.known.Load()
+	rev, spec, ok := r.failedResolver.Lookup(name)
+	return rev, spec, ok && r.known.Load()
 }
-func (r *lateResolver) Poke(string) {}
 func (r *lateResolver) Refresh(context.Context) {
 	r.refreshes.Add(1)
 	r.known.Store(true)
 }
-func (r *lateResolver) Failed(name string) (string, bool) { return "bad weights", name == "m" }
 
 // TestUnknownModelRefreshesResolver: a request for a model the resolver
 // does not know refreshes a RefreshingResolver once before it is called
@@ -38,7 +37,7 @@ func (r *lateResolver) Failed(name string) (string, bool) { return "bad weights"
 // answered 404; a known model refreshes nothing, and a model still
 // unknown after the refresh is a 404 model_not_found.
 func TestUnknownModelRefreshesResolver(t *testing.T) {
-	res := &lateResolver{}
+	res := &lateResolver{failedResolver: failedResolver{spec: config.Default()}}
 	ts := httptest.NewServer(New(Options{Resolver: res}))
 	defer ts.Close()
 	complete := func(model string) (int, string) {

@@ -235,14 +235,11 @@ func (m *Model) layer(l int, b *Batch, kv *kvcache.Cache) {
 	}
 	m.applyRope(n)
 	tokSize := c.NumKVHeads * c.HeadDim
-	m.pool.Parallel(n, rowGrain(2*tokSize), func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			pos := int(b.Positions[i])
-			block := b.BlockTables[b.Seqs[i]][pos/kvcache.BlockSize]
-			copy(kv.Keys(l, block, pos%kvcache.BlockSize), buf.k[i*tokSize:(i+1)*tokSize])
-			copy(kv.Values(l, block, pos%kvcache.BlockSize), buf.v[i*tokSize:(i+1)*tokSize])
-		}
-	})
+	if g := tokenGrain(n, 2*tokSize); g > 0 {
+		m.pool.Parallel(n, g, func(lo, hi int) { m.writeKV(l, b, kv, lo, hi) })
+	} else {
+		m.writeKV(l, b, kv, 0, n)
+	}
 	m.attention(l, b, kv)
 	m.pool.MatMul(h, buf.att, n, w.O)
 	if len(m.lora.groups) > 0 {
@@ -277,8 +274,32 @@ func (m *Model) ropeTables(positions []int32, out []float32) {
 	}
 }
 
-// applyRope rotates queries and keys in the half-split (rotate_half) layout.
+// writeKV copies the keys and values of batch tokens [lo, hi) into
+// their slots of layer l's cache.
+func (m *Model) writeKV(l int, b *Batch, kv *kvcache.Cache, lo, hi int) {
+	buf := &m.buf
+	tokSize := m.cfg.NumKVHeads * m.cfg.HeadDim
+	for i := lo; i < hi; i++ {
+		pos := int(b.Positions[i])
+		block := b.BlockTables[b.Seqs[i]][pos/kvcache.BlockSize]
+		copy(kv.Keys(l, block, pos%kvcache.BlockSize), buf.k[i*tokSize:(i+1)*tokSize])
+		copy(kv.Values(l, block, pos%kvcache.BlockSize), buf.v[i*tokSize:(i+1)*tokSize])
+	}
+}
+
+// applyRope rotates the queries and keys of the n batch tokens.
 func (m *Model) applyRope(n int) {
+	c := &m.cfg
+	if g := tokenGrain(n, (c.NumHeads+c.NumKVHeads)*c.HeadDim); g > 0 {
+		m.pool.Parallel(n, g, m.rotateTokens)
+	} else {
+		m.rotateTokens(0, n)
+	}
+}
+
+// rotateTokens rotates the queries and keys of batch tokens [lo, hi) in
+// the half-split (rotate_half) layout.
+func (m *Model) rotateTokens(lo, hi int) {
 	c, buf := &m.cfg, &m.buf
 	hd, half := c.HeadDim, c.HeadDim/2
 	rotate := func(v, cos, sin []float32) {
@@ -288,29 +309,32 @@ func (m *Model) applyRope(n int) {
 			v[j+half] = x1*cos[j] + x0*sin[j]
 		}
 	}
-	m.pool.Parallel(n, rowGrain((c.NumHeads+c.NumKVHeads)*hd), func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			table := buf.rope[i*hd : (i+1)*hd]
-			cos, sin := table[:half], table[half:]
-			for h := range c.NumHeads {
-				rotate(buf.q[(i*c.NumHeads+h)*hd:][:hd], cos, sin)
-			}
-			for h := range c.NumKVHeads {
-				rotate(buf.k[(i*c.NumKVHeads+h)*hd:][:hd], cos, sin)
-			}
+	for i := lo; i < hi; i++ {
+		table := buf.rope[i*hd : (i+1)*hd]
+		cos, sin := table[:half], table[half:]
+		for h := range c.NumHeads {
+			rotate(buf.q[(i*c.NumHeads+h)*hd:][:hd], cos, sin)
 		}
-	})
+		for h := range c.NumKVHeads {
+			rotate(buf.k[(i*c.NumKVHeads+h)*hd:][:hd], cos, sin)
+		}
+	}
 }
 
 // minRowWork is the least number of elements of per-token work (norms,
-// rotations, cache writes) worth a share of the pool: below it, as for a
-// decode step's few tokens, the calling thread does all of it.
+// rotations, cache writes) worth a thread's share.
 const minRowWork = 16 << 10
 
-// rowGrain is how many tokens of width elements of work make a thread's
-// least share.
-func rowGrain(width int) int {
-	return max(1, minRowWork/max(1, width))
+// tokenGrain is a thread's least share of n tokens of width elements of
+// work each, or 0 when there are too few to split (a decode step's one
+// or two): the calling thread then does them all, without the closure a
+// split allocates.
+func tokenGrain(n, width int) int {
+	g := max(1, minRowWork/max(1, width))
+	if n < 2*g {
+		return 0
+	}
+	return g
 }
 
 // normRows writes the RMS norm (with weight) of each of the first n rows
@@ -318,11 +342,18 @@ func rowGrain(width int) int {
 // Each row is normed as rmsNorm does alone, so the split changes no bits.
 func (m *Model) normRows(dst, x, weight []float32, n int) {
 	d, eps := m.cfg.HiddenSize, float32(m.cfg.RMSNormEps)
-	m.pool.Parallel(n, rowGrain(d), func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			rmsNorm(dst[i*d:(i+1)*d], x[i*d:(i+1)*d], weight, eps)
-		}
-	})
+	if g := tokenGrain(n, d); g > 0 {
+		m.pool.Parallel(n, g, func(lo, hi int) { normRange(dst, x, weight, d, eps, lo, hi) })
+	} else {
+		normRange(dst, x, weight, d, eps, 0, n)
+	}
+}
+
+// normRange writes the RMS norms of rows [lo, hi) of x (d wide) into dst.
+func normRange(dst, x, weight []float32, d int, eps float32, lo, hi int) {
+	for i := lo; i < hi; i++ {
+		rmsNorm(dst[i*d:(i+1)*d], x[i*d:(i+1)*d], weight, eps)
+	}
 }
 
 // rmsNorm writes x / rms(x) * weight into dst.
