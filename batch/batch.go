@@ -187,7 +187,8 @@ type CreateRequest struct {
 	Models []string `json:"-"`
 }
 
-// Create records a new batch of owner (validating) and wakes the runner. A
+// Create records a new batch of owner, wakes the runner and returns the
+// batch as created, in status validating. A
 // bad field is an *InvalidError; an unknown input file, or another
 // owner's, wraps files.ErrNotFound.
 func (s *Service) Create(ctx context.Context, owner string, req CreateRequest) (Batch, error) {
@@ -235,7 +236,10 @@ func (s *Service) Create(ctx context.Context, owner string, req CreateRequest) (
 		return Batch{}, fmt.Errorf("create batch: %w", err)
 	}
 	s.wake()
-	return s.Get(ctx, owner, id)
+	// The answer is the batch as recorded, not read back: the runner may
+	// already have moved it on.
+	b.Status = store.BatchValidating
+	return b, nil
 }
 
 // Get returns owner's batch id, or an error wrapping ErrNotFound (for

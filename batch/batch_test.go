@@ -518,3 +518,21 @@ func TestBatchKeepsToTheKeysModels(t *testing.T) {
 		t.Fatalf("batch %s with errors %+v", b.Status, errs)
 	}
 }
+
+// TestBatchCreateAnswersValidating: Create answers with the batch as
+// created, even when the runner it wakes moves the batch on at once (here
+// to failed, its one line naming an unknown model).
+func TestBatchCreateAnswersValidating(t *testing.T) {
+	r := newRig(t, 1, 8)
+	s, _ := r.service(t)
+	bad := r.upload(t, `{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"nope","messages":[{"role":"user","content":"x"}]}}`+"\n")
+	for range 40 {
+		b := create(t, s, bad, DefaultWindow)
+		if b.Status != store.BatchValidating {
+			t.Fatalf("Create answered %s, want %s", b.Status, store.BatchValidating)
+		}
+		if b = waitFinal(t, r.st, b.ID, time.Minute); b.Status != store.BatchFailed {
+			t.Fatalf("batch ended %s, want %s", b.Status, store.BatchFailed)
+		}
+	}
+}
