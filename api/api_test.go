@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	oai "github.com/openai/openai-go/v3"
@@ -220,5 +221,55 @@ func TestNewServesInferenceAlone(t *testing.T) {
 	resp, body := send(t, http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(`{}`), nil)
 	if resp.StatusCode != http.StatusOK || body != `{"ok":true}` {
 		t.Fatalf("POST /v1/completions: %d %s", resp.StatusCode, body)
+	}
+}
+
+// lateAdapters is a follower's view of chat's adapters: it learns of
+// "late" only when asked to refresh.
+type lateAdapters struct {
+	storeDeployments
+	refreshed atomic.Int32
+}
+
+func (l *lateAdapters) Adapters(name string) []string {
+	if name == "chat" && l.refreshed.Load() > 0 {
+		return []string{"sql", "late"}
+	}
+	return l.storeDeployments.Adapters(name)
+}
+
+func (l *lateAdapters) Refresh(context.Context) { l.refreshed.Add(1) }
+
+// TestRetrieveAdapterRefreshes: GET /v1/models/BASE:ADAPTER on a gateway
+// whose view trails the state reads it again before its 404, as the
+// activator does, so an adapter just pushed is retrievable at once; a
+// known one reads nothing.
+func TestRetrieveAdapterRefreshes(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.PutDeployment(ctx, store.Deployment{Name: "chat", Revision: "sha256:a"}); err != nil {
+		t.Fatal(err)
+	}
+	late := &lateAdapters{storeDeployments: storeDeployments{st}}
+	ts := httptest.NewServer(New(Options{Deployments: late, Registry: prometheus.NewRegistry()}))
+	defer ts.Close()
+	for _, c := range []struct {
+		path      string
+		status    int
+		refreshes int32
+	}{
+		{"/v1/models/chat:sql", 200, 0},
+		{"/v1/models/chat:late", 200, 1},
+		{"/v1/models/chat:nope", 404, 1},
+	} {
+		before := late.refreshed.Load()
+		resp, body := send(t, "GET", ts.URL+c.path, nil, nil)
+		if resp.StatusCode != c.status || late.refreshed.Load()-before != c.refreshes {
+			t.Errorf("GET %s = %d %s after %d refreshes, want %d after %d", c.path, resp.StatusCode, body, late.refreshed.Load()-before, c.status, c.refreshes)
+		}
 	}
 }
