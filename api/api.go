@@ -235,7 +235,7 @@ func (o Options) getModel(c *gin.Context) {
 	d, err := o.Deployments.Deployment(c.Request.Context(), id)
 	if base, adapter, ok := engineapi.SplitAdapterModel(id); ok && errors.Is(err, store.ErrNotFound) {
 		if al, ok := o.Deployments.(AdapterLister); ok {
-			if bd, berr := o.Deployments.Deployment(c.Request.Context(), base); berr == nil && o.hasAdapter(c.Request.Context(), al, base, adapter) {
+			if bd, berr := o.Deployments.Deployment(c.Request.Context(), base); berr == nil && hasAdapter(c.Request.Context(), al, base, adapter) {
 				c.JSON(http.StatusOK, adapterModel(bd, id))
 				return
 			}
@@ -254,8 +254,9 @@ func (o Options) getModel(c *gin.Context) {
 	c.JSON(http.StatusOK, modelObject(d))
 }
 
-// refresher is an AdapterLister whose view can trail the shared state (a
-// follower gateway's); Refresh reads the state again.
+// refresher is implemented by a Deployments whose view of the adapters
+// can trail the shared state (a follower gateway's); Refresh reads the
+// state again.
 type refresher interface {
 	Refresh(ctx context.Context)
 }
@@ -263,7 +264,7 @@ type refresher interface {
 // hasAdapter reports whether deployment has adapter, reading the state
 // again once before it says no where the lister can trail it, as the
 // activator does before it calls a model unknown.
-func (o Options) hasAdapter(ctx context.Context, al AdapterLister, deployment, adapter string) bool {
+func hasAdapter(ctx context.Context, al AdapterLister, deployment, adapter string) bool {
 	if slices.Contains(al.Adapters(deployment), adapter) {
 		return true
 	}

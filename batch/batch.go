@@ -188,9 +188,9 @@ type CreateRequest struct {
 }
 
 // Create records a new batch of owner, wakes the runner and returns the
-// batch as created, in status validating. A
-// bad field is an *InvalidError; an unknown input file, or another
-// owner's, wraps files.ErrNotFound.
+// batch as created (validating, as the store records every new batch). A
+// bad field is an *InvalidError; an unknown input file, or another owner's,
+// wraps files.ErrNotFound.
 func (s *Service) Create(ctx context.Context, owner string, req CreateRequest) (Batch, error) {
 	switch {
 	case req.InputFileID == "":
