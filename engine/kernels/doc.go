@@ -56,16 +56,17 @@
 //     each row once per product (Set.xStationary): with 512 KiB of L2
 //     (Zen 3) a block of x rows does not stay there. BF16 is decoded by
 //     widening to 32 bits and shifting left 16. FP8 E4M3FN is decoded
-//     exactly, subnormals included, by sign-extending each byte to 32
-//     bits, shifting left 20 and masking with 0x87F00000: the float32
-//     equal to the FP8 value × 2^-120, in three instructions and no
-//     conversion (a fifth faster decode on AVX2 than widening through
-//     VCVTPH2PS). Against that tiny unit the products take x multiplied
-//     by 2^64, so they stay clear of float32's subnormals, and the rest
-//     of the unit is folded into the scales; W widened into F32 is
-//     stored at 2^-56 of its value instead and multiplied by x as it is,
-//     which are the same products. The portable set decodes through a
-//     table at 1/256 of the value.
+//     exactly, subnormals included, at 1/256 of its value (fp8Unit) by
+//     every set and path: the assembly sign-extends each byte to 16 bits,
+//     shifts and masks it into the IEEE half of that value and widens
+//     that with VCVTPH2PS (16 weights per widening on AVX2), the portable
+//     set reads a table, and W widened into F32 is stored at the same
+//     1/256, so all take x as it is and give the same products. No
+//     decoded weight is a float32 subnormal: putting E4M3's bits into
+//     float32's exponent field directly (the value × 2^-120, with no
+//     conversion) makes each FP8 subnormal one, and an FMA with a
+//     subnormal operand takes a microcode assist on Intel cores (random
+//     bytes, 5% of them subnormal, decoded 14 times slower on a Xeon).
 //   - FP8 per-tensor and per-row scales multiply the outputs. Block scales
 //     (Hugging Face fine-grained FP8, typically 128x128) are folded, for
 //     each block of BlockRows output rows, into a scaled copy of x (one

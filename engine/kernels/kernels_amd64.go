@@ -4,8 +4,6 @@ package kernels
 
 import (
 	"golang.org/x/sys/cpu"
-
-	"github.com/stokehq/stoke/internal/dtype"
 )
 
 // avx512Kernels is the AVX-512 kernel set, or nil when the CPU lacks any of
@@ -32,8 +30,6 @@ var avx512Kernels = func() *Set {
 		fp8Gemm:     fp8GemmAsm,
 		bf16ToF32:   bf16ToF32Asm,
 		fp8ToF32:    fp8ToF32Asm,
-		fp8X:        fp8BitsX,
-		fp8Out:      fp8BitsOut,
 		axpy:        axpyAsm,
 		scale:       scaleAsm,
 		scaleTo:     scaleToAsm,
@@ -47,24 +43,6 @@ var avx512Kernels = func() *Set {
 		fmaPeak:      fmaPeakAVX512,
 		flopsPerIter: 12 * 16 * 2,
 	}
-}()
-
-// The AVX-512 and AVX2 FP8 kernels decode a weight into the float32 at
-// 2^-120 of its value (E4M3's exponent bits put in float32's exponent
-// field), three instructions without a conversion; x is multiplied by
-// 2^64 before, and the raw products by 2^56 after.
-const (
-	fp8BitsX   = 1 << 64
-	fp8BitsOut = 1 << 56
-)
-
-// fp8BitsRaw holds E4M3(b)·2^-120 for every byte b, as the AVX-512 and
-// AVX2 kernels decode it (read-only).
-var fp8BitsRaw = func() (t [256]float32) {
-	for i, v := range dtype.E4M3Table() {
-		t[i] = v / (fp8BitsX * fp8BitsOut)
-	}
-	return t
 }()
 
 // The wrappers below check, with one bounds check each, that the last

@@ -7,16 +7,15 @@
 // loads (K1), which neither fault nor read past the slices.
 //
 // BF16 -> F32: zero-extend each u16 to u32 and shift left 16.
-// FP8 E4M3FN -> F32: sign-extend each byte to 32 bits, shift left 20 and
-// keep the bits 0x87F00000. That yields the float32 whose value is
-// fp8 × 2^-120 exactly (sign in bit 31, the 4 exponent and 3 mantissa bits
-// at the bottom of float32's exponent and the top of its mantissa, so
-// under a bias of 127 instead of 7, subnormals included). The callers
-// multiply x by 2^64 first, so products stay clear of float32's
-// subnormals, and the results by 2^56. The NaN codes 0x7F/0xFF decode as
-// ±480. fp8ToF32AVX512, which multiplies what it decodes, goes through
-// half precision instead (FP8HALF), as a multiplication with a subnormal
-// costs a microcode assist on AMD cores.
+// FP8 E4M3FN -> F32 (FP8): sign-extend each byte to 16 bits, shift left 7
+// and keep the bits 0xBF80. That is the IEEE half whose value is fp8/256
+// exactly (sign in bit 15, the 4 exponent and 3 mantissa bits under a bias
+// of 15 instead of 7, subnormals included), which VCVTPH2PS widens to a
+// normal float32. The NaN codes 0x7F/0xFF decode as ±480. Decoding into
+// float32's own exponent field instead (fp8 × 2^-120, no conversion) would
+// make every FP8 subnormal a float32 subnormal, and on Intel cores each
+// FMA with one takes a microcode assist: random bytes (5% subnormals)
+// decoded 14 times slower.
 //
 // Every kernel that produces a row's dot product (the 4x4, 1x4, GEMV and
 // GEMM kernels) sums it in the same order: one accumulator per output,
@@ -63,30 +62,18 @@
 	VPSLLD    $16, z, z
 
 // FP8 loads 16 fp8 weights from mem (or an xmm register) and decodes them
-// (at 2^-120 of their value) into zmm z. Needs the dword mask 0x87F00000
-// in Z31.
-#define FP8(mem, z) \
-	VPMOVSXBD mem, z; \
-	VPSLLD    $20, z, z; \
-	VPANDD    Z31, z, z
-
-// FP8MASK puts the FP8 decoding mask in every dword of Z31. Clobbers AX.
-#define FP8MASK \
-	MOVL         $0x87F00000, AX; \
-	VPBROADCASTD AX, Z31
-
-// FP8HALF loads 16 fp8 weights from mem and decodes them at 1/256 of their
-// value into zmm z through the half in ymm y (the low part of z): each
-// byte sign-extended to a word, shifted left 7 and masked with 0xBF80 (in
-// every word of Y31, FP8HALFMASK) is the IEEE half of that value.
-#define FP8HALF(mem, y, z) \
+// at 1/256 of their value into zmm z through the half in ymm y (the low
+// part of z): each byte sign-extended to a word, shifted left 7 and masked
+// with 0xBF80 (in every word of Y31, FP8MASK) is the IEEE half of that
+// value.
+#define FP8(mem, y, z) \
 	VPMOVSXBW mem, y; \
 	VPSLLW    $7, y, y; \
 	VPANDD    Y31, y, y; \
 	VCVTPH2PS y, z
 
-// FP8HALFMASK puts FP8HALF's mask in every word of Y31. Clobbers AX.
-#define FP8HALFMASK \
+// FP8MASK puts FP8's mask in every word of Y31. Clobbers AX.
+#define FP8MASK \
 	MOVL         $0xBF80, AX; \
 	VPBROADCASTW AX, Y31
 
@@ -260,7 +247,7 @@
 #define W4BF16 \
 	BF16((DI)(BX*2), Z20); BF16((R12)(BX*2), Z21); BF16((R13)(BX*2), Z22); BF16((R8)(BX*2), Z23)
 #define W4FP8 \
-	FP8((DI)(BX*1), Z20); FP8((R12)(BX*1), Z21); FP8((R13)(BX*1), Z22); FP8((R8)(BX*1), Z23)
+	FP8((DI)(BX*1), Y20, Z20); FP8((R12)(BX*1), Y21, Z21); FP8((R13)(BX*1), Y22, Z22); FP8((R8)(BX*1), Y23, Z23)
 
 // Masked loads of the last k%16 columns of the W rows.
 #define W4F32TAIL \
@@ -273,7 +260,7 @@
 #define W4FP8TAIL \
 	VMOVDQU8.Z (DI)(BX*1), K1, X20; VMOVDQU8.Z (R12)(BX*1), K1, X21; \
 	VMOVDQU8.Z (R13)(BX*1), K1, X22; VMOVDQU8.Z (R8)(BX*1), K1, X23; \
-	FP8(X20, Z20); FP8(X21, Z21); FP8(X22, Z22); FP8(X23, Z23)
+	FP8(X20, Y20, Z20); FP8(X21, Y21, Z21); FP8(X22, Y22, Z22); FP8(X23, Y23, Z23)
 
 // LOADX2 / LOADX2TAIL load 16 columns of x rows SI, R9 into Z16, Z17.
 #define LOADX2 \
@@ -665,7 +652,7 @@ b14reduce:
 	RET
 
 // func fp8Dot1x4AVX512(x *float32, w *uint8, ws int, k int, out *float32)
-// out[r] = Σ_j x[j] * fp8(w[r*ws+j]) * 2^-120 for r < 4.
+// out[r] = Σ_j x[j] * fp8(w[r*ws+j]) / 256 for r < 4.
 TEXT ·fp8Dot1x4AVX512(SB), NOSPLIT, $0-40
 	MOVQ x+0(FP), SI
 	MOVQ w+8(FP), DI
@@ -685,14 +672,14 @@ TEXT ·fp8Dot1x4AVX512(SB), NOSPLIT, $0-40
 e14loop:
 	VMOVUPS     (SI)(BX*4), Z16
 	VMOVUPS     64(SI)(BX*4), Z17
-	FP8((DI)(BX*1), Z20)
-	FP8((R9)(BX*1), Z21)
-	FP8((R10)(BX*1), Z22)
-	FP8((R11)(BX*1), Z23)
-	FP8(16(DI)(BX*1), Z24)
-	FP8(16(R9)(BX*1), Z25)
-	FP8(16(R10)(BX*1), Z26)
-	FP8(16(R11)(BX*1), Z27)
+	FP8((DI)(BX*1), Y20, Z20)
+	FP8((R9)(BX*1), Y21, Z21)
+	FP8((R10)(BX*1), Y22, Z22)
+	FP8((R11)(BX*1), Y23, Z23)
+	FP8(16(DI)(BX*1), Y24, Z24)
+	FP8(16(R9)(BX*1), Y25, Z25)
+	FP8(16(R10)(BX*1), Y26, Z26)
+	FP8(16(R11)(BX*1), Y27, Z27)
 	VFMADD231PS Z20, Z16, Z0
 	VFMADD231PS Z21, Z16, Z1
 	VFMADD231PS Z22, Z16, Z2
@@ -711,10 +698,10 @@ e14one:
 	CMPQ BX, AX
 	JAE  e14tail
 	VMOVUPS     (SI)(BX*4), Z16
-	FP8((DI)(BX*1), Z20)
-	FP8((R9)(BX*1), Z21)
-	FP8((R10)(BX*1), Z22)
-	FP8((R11)(BX*1), Z23)
+	FP8((DI)(BX*1), Y20, Z20)
+	FP8((R9)(BX*1), Y21, Z21)
+	FP8((R10)(BX*1), Y22, Z22)
+	FP8((R11)(BX*1), Y23, Z23)
 	VFMADD231PS Z20, Z16, Z0
 	VFMADD231PS Z21, Z16, Z1
 	VFMADD231PS Z22, Z16, Z2
@@ -730,10 +717,10 @@ e14tail:
 	VMOVDQU8.Z (R9)(BX*1), K1, X21
 	VMOVDQU8.Z (R10)(BX*1), K1, X22
 	VMOVDQU8.Z (R11)(BX*1), K1, X23
-	FP8(X20, Z20)
-	FP8(X21, Z21)
-	FP8(X22, Z22)
-	FP8(X23, Z23)
+	FP8(X20, Y20, Z20)
+	FP8(X21, Y21, Z21)
+	FP8(X22, Y22, Z22)
+	FP8(X23, Y23, Z23)
 	VFMADD231PS Z20, Z16, Z0
 	VFMADD231PS Z21, Z16, Z1
 	VFMADD231PS Z22, Z16, Z2
@@ -782,14 +769,14 @@ TEXT ·fp8ToF32AVX512(SB), NOSPLIT, $0-28
 	MOVQ         src+8(FP), SI
 	MOVQ         n+16(FP), CX
 	VBROADCASTSS mul+24(FP), Z30
-	FP8HALFMASK
+	FP8MASK
 	XORQ         BX, BX
 	MOVQ         CX, AX
 	ANDQ         $-16, AX
 	JZ           cetail
 
 celoop:
-	FP8HALF((SI)(BX*1), Y0, Z0)
+	FP8((SI)(BX*1), Y0, Z0)
 	VMULPS  Z30, Z0, Z0
 	VMOVUPS Z0, (DI)(BX*4)
 	ADDQ    $16, BX
@@ -801,7 +788,7 @@ cetail:
 	JZ   cedone
 	TAILMASK
 	VMOVDQU8.Z (SI)(BX*1), K1, X0
-	FP8HALF(X0, Y0, Z0)
+	FP8(X0, Y0, Z0)
 	VMULPS     Z30, Z0, Z0
 	VMOVUPS    Z0, K1, (DI)(BX*4)
 
@@ -960,7 +947,7 @@ b44reduce:
 	RET
 
 // func fp8Dot4x4AVX512(x *float32, xs int, w *uint8, ws int, k int, out *float32, os int)
-// out[t*os+r] = Σ_j x[t*xs+j] * fp8(w[r*ws+j]) * 2^-120 for t, r < 4.
+// out[t*os+r] = Σ_j x[t*xs+j] * fp8(w[r*ws+j]) / 256 for t, r < 4.
 TEXT ·fp8Dot4x4AVX512(SB), NOSPLIT, $0-56
 	ROWS4(0)
 	FP8MASK
@@ -972,10 +959,10 @@ TEXT ·fp8Dot4x4AVX512(SB), NOSPLIT, $0-56
 
 e44loop:
 	LOADX4
-	FP8((DI)(BX*1), Z20)
-	FP8((R12)(BX*1), Z21)
-	FP8((R13)(BX*1), Z22)
-	FP8((R8)(BX*1), Z23)
+	FP8((DI)(BX*1), Y20, Z20)
+	FP8((R12)(BX*1), Y21, Z21)
+	FP8((R13)(BX*1), Y22, Z22)
+	FP8((R8)(BX*1), Y23, Z23)
 	F44FMA
 	ADDQ $16, BX
 	CMPQ BX, AX
@@ -990,10 +977,10 @@ e44tail:
 	VMOVDQU8.Z (R12)(BX*1), K1, X21
 	VMOVDQU8.Z (R13)(BX*1), K1, X22
 	VMOVDQU8.Z (R8)(BX*1), K1, X23
-	FP8(X20, Z20)
-	FP8(X21, Z21)
-	FP8(X22, Z22)
-	FP8(X23, Z23)
+	FP8(X20, Y20, Z20)
+	FP8(X21, Y21, Z21)
+	FP8(X22, Y22, Z22)
+	FP8(X23, Y23, Z23)
 	F44FMA
 
 e44reduce:
@@ -1056,14 +1043,14 @@ e44reduce:
 	PF          64(R12)(BX*4); \
 	VMOVUPS     (SI)(BX*4), Z16; \
 	VMOVUPS     64(SI)(BX*4), Z17; \
-	FP8((DI)(BX*1), Z20); \
-	FP8((R9)(BX*1), Z21); \
-	FP8((R10)(BX*1), Z22); \
-	FP8((R11)(BX*1), Z23); \
-	FP8(16(DI)(BX*1), Z24); \
-	FP8(16(R9)(BX*1), Z25); \
-	FP8(16(R10)(BX*1), Z26); \
-	FP8(16(R11)(BX*1), Z27); \
+	FP8((DI)(BX*1), Y20, Z20); \
+	FP8((R9)(BX*1), Y21, Z21); \
+	FP8((R10)(BX*1), Y22, Z22); \
+	FP8((R11)(BX*1), Y23, Z23); \
+	FP8(16(DI)(BX*1), Y24, Z24); \
+	FP8(16(R9)(BX*1), Y25, Z25); \
+	FP8(16(R10)(BX*1), Y26, Z26); \
+	FP8(16(R11)(BX*1), Y27, Z27); \
 	VFMADD231PS Z20, Z16, Z0; \
 	VFMADD231PS Z21, Z16, Z1; \
 	VFMADD231PS Z22, Z16, Z2; \
@@ -1196,11 +1183,11 @@ bgreduce:
 	RET
 
 // func fp8GemvAVX512(x *float32, w *uint8, ws int, k int, quads int, out *float32, pf int, far bool)
-// out[r] = Σ_j x[j] * fp8(w[r*ws+j]) * 2^-120 for r < 4*quads.
+// out[r] = Σ_j x[j] * fp8(w[r*ws+j]) / 256 for r < 4*quads.
 TEXT ·fp8GemvAVX512(SB), NOSPLIT, $0-57
 	GEMVSETUP(0)
-	MOVL         $0x87F00000, BX
-	VPBROADCASTD BX, Z31
+	MOVL         $0xBF80, BX
+	VPBROADCASTW BX, Y31
 
 egquad:
 	GEMVQUAD
@@ -1230,10 +1217,10 @@ egone:
 	CMPQ BX, R13
 	JAE  egtail
 	VMOVUPS     (SI)(BX*4), Z16
-	FP8((DI)(BX*1), Z20)
-	FP8((R9)(BX*1), Z21)
-	FP8((R10)(BX*1), Z22)
-	FP8((R11)(BX*1), Z23)
+	FP8((DI)(BX*1), Y20, Z20)
+	FP8((R9)(BX*1), Y21, Z21)
+	FP8((R10)(BX*1), Y22, Z22)
+	FP8((R11)(BX*1), Y23, Z23)
 	VFMADD231PS Z20, Z16, Z0
 	VFMADD231PS Z21, Z16, Z1
 	VFMADD231PS Z22, Z16, Z2
@@ -1248,10 +1235,10 @@ egtail:
 	VMOVDQU8.Z (R9)(BX*1), K1, X21
 	VMOVDQU8.Z (R10)(BX*1), K1, X22
 	VMOVDQU8.Z (R11)(BX*1), K1, X23
-	FP8(X20, Z20)
-	FP8(X21, Z21)
-	FP8(X22, Z22)
-	FP8(X23, Z23)
+	FP8(X20, Y20, Z20)
+	FP8(X21, Y21, Z21)
+	FP8(X22, Y22, Z22)
+	FP8(X23, Y23, Z23)
 	VFMADD231PS Z20, Z16, Z0
 	VFMADD231PS Z21, Z16, Z1
 	VFMADD231PS Z22, Z16, Z2

@@ -40,7 +40,6 @@ var avx2Kernels = func() *Set {
 	ks.fmaPeak, ks.flopsPerIter = fmaPeakAVX2, 12*8*2
 	ks.bf16ToF32 = bf16ToF32AVX2w
 	ks.fp8ToF32 = fp8ToF32AVX2w
-	ks.fp8X, ks.fp8Out = fp8BitsX, fp8BitsOut
 	ks.dot = dotAVX2w
 	ks.axpy = axpyAVX2w
 	ks.scale = scaleAVX2w
@@ -73,7 +72,7 @@ var (
 	avx2F32  = &avx2Ops[float32]{size: 4, gemvK: f32GemvAVX2, gemmK: f32Gemm2AVX2, gemm4K: f32Gemm4AVX2, dec: func(v float32) float32 { return v }}
 	avx2BF16 = &avx2Ops[uint16]{size: 2, gemvK: bf16GemvAVX2, gemmK: bf16Gemm2AVX2, tileK: bf16Dot2x4AVX2, gemm4K: bf16Gemm4AVX2, dec: bf16}
 	avx2FP8  = &avx2Ops[uint8]{size: 1, gemvK: fp8GemvAVX2, gemmK: fp8Gemm2AVX2, tileK: fp8Dot2x4AVX2, gemm4K: fp8Gemm4AVX2,
-		dec: func(b uint8) float32 { return fp8BitsRaw[b] }}
+		dec: func(b uint8) float32 { return fp8Raw[b] }}
 )
 
 // tail returns Σ x[j]*w[j] over the columns the assembly leaves out.

@@ -75,34 +75,19 @@
 	VPMOVZXWD mem, y; \
 	VPSLLD    $16, y, y
 
-// FP8Y loads 8 fp8 weights from mem and decodes them (at 2^-120 of their
-// value) into ymm y. Needs the dword mask 0x87F00000 in Y15.
-#define FP8Y(mem, y) \
-	VPMOVSXBD mem, y; \
-	VPSLLD    $20, y, y; \
-	VPAND     Y15, y, y
-
-// FP8MASKY puts the FP8 decoding mask 0x87F00000 in every dword of Y15.
-// Clobbers AX.
-#define FP8MASKY \
-	MOVL         $0x87F00000, AX; \
-	MOVD         AX, X15; \
-	VPBROADCASTD X15, Y15
-
-// FP8HALFY loads 8 fp8 weights from mem and decodes them at 1/256 of their
+// FP8Y loads 8 fp8 weights from mem and decodes them at 1/256 of their
 // value into ymm y via its low half x: each byte sign-extended to a word,
 // shifted left 7 and masked with 0xBF80 (in every word of X15) is the IEEE
-// half of that value, which VCVTPH2PS widens. Only fp8ToF32AVX2 decodes
-// this way, since it multiplies the values.
-#define FP8HALFY(mem, x, y) \
+// half of that value, which VCVTPH2PS widens (see kernels_amd64.s).
+#define FP8Y(mem, x, y) \
 	VPMOVSXBW mem, x; \
 	VPSLLW    $7, x, x; \
 	VPAND     X15, x, x; \
 	VCVTPH2PS x, y
 
-// FP8HALFMASKY puts FP8HALFY's mask 0xBF80 in every word of Y15 (and so of
-// X15). Clobbers AX.
-#define FP8HALFMASKY \
+// FP8MASKY puts FP8Y's mask 0xBF80 in every word of Y15 (and so of X15).
+// Clobbers AX.
+#define FP8MASKY \
 	MOVL         $0xBF80, AX; \
 	MOVD         AX, X15; \
 	VPBROADCASTW X15, Y15
@@ -187,7 +172,7 @@ b24loop:
 	RET
 
 // func fp8Dot2x4AVX2(x *float32, xs int, w *uint8, ws int, k int, out *float32, os int)
-// out[t*os+r] = Σ_j x[t*xs+j] * fp8(w[r*ws+j]) * 2^-120 for t < 2, r < 4; k % 8 == 0.
+// out[t*os+r] = Σ_j x[t*xs+j] * fp8(w[r*ws+j]) / 256 for t < 2, r < 4; k % 8 == 0.
 TEXT ·fp8Dot2x4AVX2(SB), NOSPLIT, $0-56
 	ROWS2x4(0)
 	FP8MASKY
@@ -197,10 +182,10 @@ TEXT ·fp8Dot2x4AVX2(SB), NOSPLIT, $0-56
 e24loop:
 	VMOVUPS (SI)(BX*4), Y8
 	VMOVUPS (R9)(BX*4), Y9
-	FP8Y((DI)(BX*1), Y10)
-	FP8Y((R12)(BX*1), Y11)
-	FP8Y((R13)(BX*1), Y12)
-	FP8Y((R8)(BX*1), Y13)
+	FP8Y((DI)(BX*1), X10, Y10)
+	FP8Y((R12)(BX*1), X11, Y11)
+	FP8Y((R13)(BX*1), X12, Y12)
+	FP8Y((R8)(BX*1), X13, Y13)
 	F24FMA
 	ADDQ    $8, BX
 	CMPQ    BX, CX
@@ -348,10 +333,15 @@ e24loop:
 	VFMADD231PS Y13, Y9, Y7
 
 // FP8W16 loads the 16 fp8 weights at column BX of the row at base and
-// decodes them as FP8Y does into ymm lo (columns 0..7) and hi (8..15).
-#define FP8W16(base, lo, hi) \
-	FP8Y(0(base)(BX*1), lo); \
-	FP8Y(8(base)(BX*1), hi)
+// decodes them as FP8Y does into ymm lo (columns 0..7) and hi (8..15),
+// whose low halves are xlo and xhi: one widening for all 16 bytes.
+#define FP8W16(base, xlo, lo, xhi, hi) \
+	VPMOVSXBW    0(base)(BX*1), lo; \
+	VPSLLW       $7, lo, lo; \
+	VPAND        Y15, lo, lo; \
+	VEXTRACTI128 $1, lo, xhi; \
+	VCVTPH2PS    xlo, lo; \
+	VCVTPH2PS    xhi, hi
 
 // FP8GVSTEP is one 16-column step of a fp8 GEMV quad, prefetching with PF.
 // Each accumulator takes columns 0..7 before 8..15, as in the other steps.
@@ -360,10 +350,10 @@ e24loop:
 	ADDQ $64, R12; \
 	VMOVUPS 0(SI)(BX*4), Y8; \
 	VMOVUPS 32(SI)(BX*4), Y9; \
-	FP8W16(DI, Y4, Y10); \
-	FP8W16(R9, Y5, Y11); \
-	FP8W16(R10, Y6, Y12); \
-	FP8W16(R11, Y7, Y13); \
+	FP8W16(DI, X4, Y4, X10, Y10); \
+	FP8W16(R9, X5, Y5, X11, Y11); \
+	FP8W16(R10, X6, Y6, X12, Y12); \
+	FP8W16(R11, X7, Y7, X13, Y13); \
 	VFMADD231PS Y4, Y8, Y0; \
 	VFMADD231PS Y5, Y8, Y1; \
 	VFMADD231PS Y6, Y8, Y2; \
@@ -377,7 +367,7 @@ e24loop:
 // accumulators a (x0) and b (x1): x0 and x1's columns 0..7 are in Y8 and
 // Y9, their columns 8..15 in Y12 and Y13. Clobbers Y10, Y11.
 #define FP8G2ROW(base, a, b) \
-	FP8W16(base, Y11, Y10); \
+	FP8W16(base, X11, Y11, X10, Y10); \
 	VFMADD231PS Y11, Y8, a; \
 	VFMADD231PS Y11, Y9, b; \
 	VFMADD231PS Y10, Y12, a; \
@@ -697,10 +687,10 @@ fgvone:
 	CMPQ BX, CX
 	JAE fgvstore
 	VMOVUPS 0(SI)(BX*4), Y8
-	FP8Y(0(DI)(BX*1), Y10)
-	FP8Y(0(R9)(BX*1), Y11)
-	FP8Y(0(R10)(BX*1), Y12)
-	FP8Y(0(R11)(BX*1), Y13)
+	FP8Y(0(DI)(BX*1), X10, Y10)
+	FP8Y(0(R9)(BX*1), X11, Y11)
+	FP8Y(0(R10)(BX*1), X12, Y12)
+	FP8Y(0(R11)(BX*1), X13, Y13)
 	VFMADD231PS Y10, Y8, Y0
 	VFMADD231PS Y11, Y8, Y1
 	VFMADD231PS Y12, Y8, Y2
@@ -757,10 +747,10 @@ fg2one:
 	JAE fg2store
 	VMOVUPS 0(SI)(BX*4), Y8
 	VMOVUPS 0(R13)(BX*4), Y9
-	FP8Y(0(DI)(BX*1), Y10)
-	FP8Y(0(R9)(BX*1), Y11)
-	FP8Y(0(R10)(BX*1), Y12)
-	FP8Y(0(R11)(BX*1), Y13)
+	FP8Y(0(DI)(BX*1), X10, Y10)
+	FP8Y(0(R9)(BX*1), X11, Y11)
+	FP8Y(0(R10)(BX*1), X12, Y12)
+	FP8Y(0(R11)(BX*1), X13, Y13)
 	VFMADD231PS Y10, Y8, Y0
 	VFMADD231PS Y10, Y9, Y4
 	VFMADD231PS Y11, Y8, Y1
@@ -785,17 +775,17 @@ fg2store:
 
 // FP8G4BLOCK decodes the 8 columns at column off of W rows DI and R9 into
 // wa and wb and multiplies them by the four x rows (G4FMA).
-#define FP8G4BLOCK(off, wa, wb) \
-	FP8Y(off(DI)(BX*1), wa); \
-	FP8Y(off(R9)(BX*1), wb); \
+#define FP8G4BLOCK(off, xa, wa, xb, wb) \
+	FP8Y(off(DI)(BX*1), xa, wa); \
+	FP8Y(off(R9)(BX*1), xb, wb); \
 	G4FMA(off, wa, wb)
 
 // FP8G4STEP is one 16-column step of a fp8 GEMM4 pair, prefetching with PF.
 #define FP8G4STEP(PF) \
 	PF 0(R12); \
 	ADDQ $32, R12; \
-	FP8G4BLOCK(0, Y8, Y9); \
-	FP8G4BLOCK(8, Y10, Y11)
+	FP8G4BLOCK(0, X8, Y8, X9, Y9); \
+	FP8G4BLOCK(8, X10, Y10, X11, Y11)
 
 // func fp8Gemm4AVX2(x *float32, xs int, w *uint8, ws, k, pairs int, out *float32, os, pf int, far bool)
 // out[t*os+r] = Σ_j x[t*xs+j] * W[r][j] (raw) for t < 4, r < 2*pairs;
@@ -831,7 +821,7 @@ fg4loop1:
 fg4one:
 	CMPQ BX, CX
 	JAE fg4store
-	FP8G4BLOCK(0, Y8, Y9)
+	FP8G4BLOCK(0, X8, Y8, X9, Y9)
 fg4store:
 	G4STORE
 	LEAQ (DI)(DX*2), DI
@@ -1341,7 +1331,7 @@ TEXT ·fp8ToF32AVX2(SB), NOSPLIT, $0-28
 	MOVQ         src+8(FP), SI
 	MOVQ         n+16(FP), CX
 	VBROADCASTSS mul+24(FP), Y14
-	FP8HALFMASKY
+	FP8MASKY
 	XORQ         BX, BX
 	MOVQ         CX, AX
 	ANDQ         $-32, AX
@@ -1349,10 +1339,10 @@ TEXT ·fp8ToF32AVX2(SB), NOSPLIT, $0-28
 e2f32:
 	CMPQ    BX, AX
 	JAE     e2floop
-	FP8HALFY((SI)(BX*1), X0, Y0)
-	FP8HALFY(8(SI)(BX*1), X1, Y1)
-	FP8HALFY(16(SI)(BX*1), X2, Y2)
-	FP8HALFY(24(SI)(BX*1), X3, Y3)
+	FP8Y((SI)(BX*1), X0, Y0)
+	FP8Y(8(SI)(BX*1), X1, Y1)
+	FP8Y(16(SI)(BX*1), X2, Y2)
+	FP8Y(24(SI)(BX*1), X3, Y3)
 	VMULPS  Y14, Y0, Y0
 	VMULPS  Y14, Y1, Y1
 	VMULPS  Y14, Y2, Y2
@@ -1367,7 +1357,7 @@ e2f32:
 e2floop:
 	CMPQ    BX, CX
 	JAE     e2fdone
-	FP8HALFY((SI)(BX*1), X0, Y0)
+	FP8Y((SI)(BX*1), X0, Y0)
 	VMULPS  Y14, Y0, Y0
 	VMOVUPS Y0, (DI)(BX*4)
 	ADDQ    $8, BX

@@ -13,9 +13,8 @@ import (
 //
 // Shapes: x and w rows are k elements long; xs, ws and os are the distances
 // in elements between consecutive rows of x, w and out. FP8 dot products are
-// "raw": the caller multiplies x by fp8X first and the products by
-// fp8Out·scale after, since each set decodes FP8 at the fraction of its
-// value that suits its instructions.
+// "raw": every set decodes FP8 at 1/fp8Unit of its value, so the caller
+// multiplies the products by fp8Unit·scale after.
 type Set struct {
 	name string
 	// f32Dot4x4 stores Σ_j x[t*xs+j]*w[r*ws+j] into out[t*os+r] for t, r < 4
@@ -77,11 +76,6 @@ type Set struct {
 	bf16ToF32 func(dst []float32, src []uint16)
 	// fp8ToF32 stores E4M3(src[j])/fp8Unit*mul into dst[j]; len(dst) == len(src).
 	fp8ToF32 func(dst []float32, src []uint8, mul float32)
-	// The FP8 kernels decode a weight to E4M3(w)/(fp8X·fp8Out) and take x
-	// multiplied by fp8X, a power of two that keeps their products clear
-	// of float32's subnormals; fp8Out is what their raw products are
-	// multiplied by (with the weights' scales) to give Σ x·E4M3(w).
-	fp8X, fp8Out float32
 	// axpy adds alpha*x to y; len(y) == len(x).
 	axpy func(y []float32, alpha float32, x []float32)
 	// scale multiplies y by alpha.
@@ -105,9 +99,9 @@ type Set struct {
 // run through a set's small-batch kernels.
 type batchLimits struct{ f32, bf16, fp8 int }
 
-// fp8Unit is what fp8ToF32 and the portable FP8 kernels divide E4M3 values
+// fp8Unit is what every set's FP8 kernels and fp8ToF32 divide E4M3 values
 // by: they decode FP8 through half precision (or fp8Raw) at 1/256 of its
-// value, where subnormals stay exact.
+// value, where subnormals stay exact and every value is a normal float32.
 const fp8Unit = 256
 
 // genericKernels is the portable implementation, used by purego builds, on
@@ -123,8 +117,6 @@ var genericKernels = Set{
 	fp8Dot1x4:   fp8Dot1x4Go,
 	bf16ToF32:   bf16ToF32Go,
 	fp8ToF32:    fp8ToF32Go,
-	fp8X:        1,
-	fp8Out:      fp8Unit,
 	axpy:        axpyGo,
 	scale:       scaleGo,
 	scaleTo:     scaleToGo,

@@ -133,8 +133,7 @@ func tiles[T any](dot4x4 func(x []float32, xs int, w []T, ws, k int, out []float
 // that decode W in registers as they stream it, large ones through tiles
 // (for the sets with widenTiles, F32 tiles over W widened widenRows rows
 // at a time). FP8 scales multiply the outputs, or for block scales a scaled
-// copy of x; the set's FP8 kernels take x multiplied by fp8X (in that copy,
-// or one of their own). The x rows are taken xBlockBytes at a time.
+// copy of x. The x rows are taken xBlockBytes at a time.
 func (c *mmCall) quantized(lo, hi int) {
 	ks, w := c.ks, c.w
 	cols := w.Cols
@@ -156,36 +155,21 @@ func (c *mmCall) quantized(lo, hi int) {
 	}
 	for t0 := 0; t0 < c.n; t0 += xb {
 		t1 := min(c.n, t0+xb)
-		xMul := float32(1)
-		if w.DType == dtype.F8E4M3 && c.fp8InRegisters(t1-t0) {
-			xMul = ks.fp8X
-		}
 		switch {
 		case w.DType == dtype.BF16:
 			c.decode(c.x[t0*cols:], t0, t1, lo, hi)
 		case w.BlockRows == 0:
-			x := c.x[t0*cols : t1*cols]
-			if xMul != 1 {
-				ks.scaleTo(xs()[:len(x)], x, xMul)
-				x = xs()
-			}
-			c.decode(x, t0, t1, lo, hi)
+			c.decode(c.x[t0*cols:t1*cols], t0, t1, lo, hi)
 			for t := t0; t < t1; t++ {
 				o := c.out[t*w.Rows:]
 				for i := lo; i < hi; i++ {
-					o[i] *= ks.fp8Out * w.scaleAt(i, 0)
+					o[i] *= fp8Unit * w.scaleAt(i, 0)
 				}
 			}
 		default:
 			// Block scales: for each row block, fold the scales of its
-			// column blocks into a scaled copy of the x rows, so the FP8
-			// dot products come out scaled. Where the set's fp8X is 1,
-			// fp8Out is folded in too; otherwise it multiplies the outputs
-			// after, as with fp8X it could take x past float32's range.
-			fold, out := ks.fp8Out, float32(1)
-			if ks.fp8X != 1 {
-				fold, out = 1, ks.fp8Out
-			}
+			// column blocks (and fp8Unit) into a scaled copy of the x
+			// rows, so the FP8 dot products come out scaled.
 			for s0 := lo; s0 < hi; {
 				s1 := min(hi, (s0/w.BlockRows+1)*w.BlockRows)
 				for t := t0; t < t1; t++ {
@@ -193,27 +177,14 @@ func (c *mmCall) quantized(lo, hi int) {
 					src := c.x[t*cols : (t+1)*cols]
 					for j := 0; j < cols; j += w.BlockCols {
 						e := min(cols, j+w.BlockCols)
-						ks.scaleTo(xt[j:e], src[j:e], xMul*fold*w.scaleAt(s0, j))
+						ks.scaleTo(xt[j:e], src[j:e], fp8Unit*w.scaleAt(s0, j))
 					}
 				}
 				c.decode(xs(), t0, t1, s0, s1)
 				s0 = s1
 			}
-			for t := t0; t < t1 && out != 1; t++ {
-				ks.scale(c.out[t*w.Rows+lo:t*w.Rows+hi], out)
-			}
 		}
 	}
-}
-
-// fp8InRegisters reports whether decode takes n x rows of an FP8 product
-// through the set's FP8 kernels, which decode W in registers and take x
-// multiplied by fp8X, rather than through F32 tiles over W widened at
-// 1/fp8Out of its value, which take x as it is: the same products either
-// way, since x·fp8X is exact and so is each product in an FMA.
-func (c *mmCall) fp8InRegisters(n int) bool {
-	ks := c.ks
-	return n == 1 && ks.fp8Gemv != nil || n <= ks.gemmMax.fp8 && ks.fp8Gemm != nil || !ks.widenTiles
 }
 
 // decode stores the unscaled dot products of x rows [t0, t1) with W rows
@@ -260,8 +231,8 @@ const (
 
 // widenedTiles is the tile path of decode for sets whose F32 tiles beat
 // decoding in registers: every widenRows W rows are widened once into F32
-// scratch (FP8 at 1/fp8Out of its value; see fp8InRegisters) and
-// multiplied by every x row through the F32 tiles. Widening is exact, so
+// scratch (FP8 at 1/fp8Unit of its value, as the FP8 kernels decode it)
+// and multiplied by every x row through the F32 tiles. Widening is exact, so
 // the products are the same bits as the set's BF16 and FP8 kernels give.
 func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
 	ks, w := c.ks, c.w
@@ -280,7 +251,7 @@ func (c *mmCall) widenedTiles(x []float32, n, lo, hi int, out []float32) {
 			if w.DType == dtype.BF16 {
 				ks.bf16ToF32(wide[r*cols:(r+1)*cols], w.BF16[row:row+cols])
 			} else {
-				ks.fp8ToF32(wide[r*cols:(r+1)*cols], w.FP8[row:row+cols], fp8Unit/ks.fp8Out)
+				ks.fp8ToF32(wide[r*cols:(r+1)*cols], w.FP8[row:row+cols], 1)
 			}
 		}
 		tiles(ks.f32Dot4x4, ks.f32Dot1x4, ks.f32TileRun, x, 0, n, wide, rows, cols, 0, nr, out[i:])
