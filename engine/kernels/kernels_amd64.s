@@ -11,11 +11,8 @@
 // and keep the bits 0xBF80. That is the IEEE half whose value is fp8/256
 // exactly (sign in bit 15, the 4 exponent and 3 mantissa bits under a bias
 // of 15 instead of 7, subnormals included), which VCVTPH2PS widens to a
-// normal float32. The NaN codes 0x7F/0xFF decode as ±480. Decoding into
-// float32's own exponent field instead (fp8 × 2^-120, no conversion) would
-// make every FP8 subnormal a float32 subnormal, and on Intel cores each
-// FMA with one takes a microcode assist: random bytes (5% subnormals)
-// decoded 14 times slower.
+// normal float32 (the package doc says why no decoded weight may be a
+// float32 subnormal). The NaN codes 0x7F/0xFF decode as ±480.
 //
 // Every kernel that produces a row's dot product (the 4x4, 1x4, GEMV and
 // GEMM kernels) sums it in the same order: one accumulator per output,
